@@ -1,0 +1,199 @@
+"""Executing the book's notebooks with papermill and building the HTML with Jupyter Book 1.x.
+
+The ``py:percent`` files in ``notebooks/`` are the sources. :func:`execute_notebook` turns one into
+an executed ``.ipynb`` (jupytext, then papermill); :func:`build_book` executes every notebook of
+``_toc.yml`` into a fresh staging folder, builds the HTML there with ``-W`` and only then swaps it
+into ``_build/html``, so a failed build never replaces the last good book. Tracked files are never
+modified.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jupytext
+import nbformat
+import papermill
+import yaml
+
+from .params import validate
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK_DIR = ROOT / "notebooks"
+RUN_DIR_ENV = "ATTN_COMPANION_RUN_DIR"
+
+
+class NotebookFailed(RuntimeError):
+    """A notebook raised; the message names the notebook and the error."""
+
+
+def parse_value(text: str) -> Any:
+    """Read a command-line value as a Python literal (``5``, ``1e-3``, ``[32, 64]``, ``None``), else a string."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def split_values(text: str) -> list[Any]:
+    """Split ``v1,v2,...`` at top-level commas (commas inside brackets stay), parsing each value."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += ch in "[(" and 1 or ch in "])" and -1 or 0
+        if ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [parse_value(p.strip()) for p in parts if p.strip()]
+
+
+def resolve_notebook(name: str | Path) -> Path:
+    """Find a notebook source by path, file name or stem (``ch2_distance``)."""
+    path = Path(name)
+    candidates = [path, NOTEBOOK_DIR / path, NOTEBOOK_DIR / f"{path.stem}.py"]
+    for c in candidates:
+        if c.suffix == ".py" and c.is_file():
+            return c.resolve()
+    known = sorted(p.stem for p in NOTEBOOK_DIR.glob("*.py"))
+    raise ValueError(f"notebook {str(name)!r} not found; known notebooks: {known}")
+
+
+def notebook_parameters(src: Path) -> dict[str, Any]:
+    """The parameters (name -> default) declared in the cell tagged ``parameters``."""
+    nb = jupytext.read(src)
+    for cell in nb.cells:
+        if "parameters" in cell.get("metadata", {}).get("tags", []):
+            tree = ast.parse(cell.source)
+            return {t.id: ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                    for t in node.targets if isinstance(t, ast.Name)}
+    return {}
+
+
+def check_parameters(src: Path, parameters: dict[str, Any]) -> None:
+    """Refuse parameters the notebook does not declare, and invalid values, before executing anything."""
+    declared = notebook_parameters(src)
+    unknown = sorted(set(parameters) - set(declared))
+    if unknown:
+        raise ValueError(f"{src.stem} has no parameter {unknown[0]!r}; its parameters are {sorted(declared)}")
+    validate(**parameters)
+
+
+def execute_notebook(src: Path, out: Path, parameters: dict[str, Any] | None = None, *,
+                     run_dir: Path | None = None, progress: bool = True, timeout: int | None = None) -> float:
+    """Execute ``src`` (py:percent) with papermill into ``out`` (.ipynb); return the wall time in seconds.
+
+    ``run_dir`` is exported as ``ATTN_COMPANION_RUN_DIR`` so notebooks can leave artefacts
+    (claims, timings) for later notebooks. Raises :class:`NotebookFailed` naming the notebook.
+    """
+    parameters = dict(parameters or {})
+    check_parameters(src, parameters)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    nb = jupytext.read(src)
+    nb.metadata.setdefault("kernelspec", {"name": "python3", "display_name": "Python 3", "language": "python"})
+    with tempfile.TemporaryDirectory() as tmp:
+        nb_in = Path(tmp) / f"{src.stem}.ipynb"
+        nbformat.write(nb, nb_in)
+        env_before = os.environ.get(RUN_DIR_ENV)
+        if run_dir is not None:
+            os.environ[RUN_DIR_ENV] = str(run_dir)
+        start = time.perf_counter()
+        try:
+            papermill.execute_notebook(str(nb_in), str(out), parameters=parameters, cwd=str(src.parent),
+                                       kernel_name="python3", progress_bar=progress, execution_timeout=timeout)
+        except papermill.PapermillExecutionError as exc:
+            raise NotebookFailed(f"notebook {src.name} failed: {exc.ename}: {exc.evalue}") from None
+        finally:
+            if env_before is None:
+                os.environ.pop(RUN_DIR_ENV, None)
+            else:
+                os.environ[RUN_DIR_ENV] = env_before
+    return time.perf_counter() - start
+
+
+def toc_files(root: Path = ROOT) -> list[str]:
+    """Every file named in ``_toc.yml``, in reading order (without suffix)."""
+    toc = yaml.safe_load((root / "_toc.yml").read_text())
+    files: list[str] = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "file" in node:
+                files.append(node["file"])
+            for key in ("root",):
+                if key in node:
+                    files.append(node[key])
+            for value in node.values():
+                if isinstance(value, (list, dict)):
+                    walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(toc)
+    return files
+
+
+@dataclass
+class BookResult:
+    html: Path
+    timings: dict[str, float]
+
+
+def build_book(parameters: dict[str, Any] | None = None, *, out: Path | None = None, progress: bool = True) -> BookResult:
+    """Execute every notebook of the book and build the HTML into ``out`` (default ``_build/html``).
+
+    A parameter is passed to every notebook that declares it; one that no notebook declares is an
+    error. On any failure the previous ``out`` is left untouched.
+    """
+    parameters = dict(parameters or {})
+    out = (out or ROOT / "_build" / "html").resolve()
+    files = toc_files()
+    notebooks = [NOTEBOOK_DIR / f"{Path(f).name}.py" for f in files if f.startswith("notebooks/")]
+    declared = {nb: notebook_parameters(nb) for nb in notebooks}
+    unknown = sorted(set(parameters) - set().union(*declared.values()))
+    if unknown:
+        raise ValueError(f"no notebook has a parameter {unknown[0]!r}; "
+                         f"known parameters: {sorted(set().union(*declared.values()))}")
+    validate(**parameters)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=out.parent))
+    try:
+        for name in ("_config.yml", "_toc.yml", "book"):
+            src = ROOT / name
+            (shutil.copytree if src.is_dir() else shutil.copy2)(src, staging / name)
+        run_dir = staging / "_run"
+        run_dir.mkdir()
+        timings: dict[str, float] = {}
+        for i, nb in enumerate(notebooks, 1):
+            own = {k: v for k, v in parameters.items() if k in declared[nb]}
+            print(f"[{i}/{len(notebooks)}] executing {nb.name} {own or ''}", flush=True)
+            timings[nb.stem] = execute_notebook(nb, staging / "notebooks" / f"{nb.stem}.ipynb", own,
+                                                run_dir=run_dir, progress=progress)
+            (run_dir / "timings.json").write_text(json.dumps(timings, indent=1))
+            print(f"[{i}/{len(notebooks)}] {nb.name} done in {timings[nb.stem]:.1f} s", flush=True)
+        print("building the HTML with Jupyter Book", flush=True)
+        build = subprocess.run([sys.executable, "-c", "from jupyter_book.cli.main import main; main()", "build", str(staging), "-W", "--keep-going",
+                                "--path-output", str(staging)], capture_output=True, text=True)
+        if build.returncode != 0:
+            tail = (build.stdout + build.stderr)[-4000:]
+            raise RuntimeError(f"jupyter-book build failed (the previous book is kept):\n{tail}")
+        new_html = staging / "_build" / "html"
+        old = out.with_name(out.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        if out.exists():
+            out.rename(old)
+        new_html.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
+        return BookResult(out, timings)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

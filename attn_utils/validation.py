@@ -1,0 +1,92 @@
+"""Input checks shared by the whole package.
+
+Every check raises ``ValueError`` whose message names the offending parameter and the allowed
+range, so that bad input stops before any heavy work starts.
+"""
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Iterable
+
+import torch
+
+
+def check_positive(name: str, value: float) -> float:
+    """Require a finite real number > 0."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def check_int(name: str, value: int, low: int | None = None, high: int | None = None) -> int:
+    """Require an integer with ``low <= value <= high`` (either end may be open)."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        value = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+    if (low is not None and value < low) or (high is not None and value > high):
+        lo = "-inf" if low is None else str(low)
+        hi = "inf" if high is None else str(high)
+        raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {value}")
+    return value
+
+
+def check_choice(name: str, value, choices: Iterable) -> object:
+    """Require ``value`` to be one of ``choices``."""
+    choices = list(choices)
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    return value
+
+
+def check_finite(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """Require a tensor without NaN (infinities are allowed only where the caller masks them)."""
+    if torch.isnan(tensor).any():
+        raise ValueError(f"{name} contains NaN values; all entries must be finite numbers")
+    return tensor
+
+
+def check_ndim(name: str, tensor: torch.Tensor, ndim: int | tuple[int, ...]) -> torch.Tensor:
+    """Require a tensor with the given number (or one of the numbers) of dimensions."""
+    allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+    if tensor.ndim not in allowed:
+        raise ValueError(f"{name} must have {' or '.join(map(str, allowed))} dimensions, got shape {tuple(tensor.shape)}")
+    return tensor
+
+
+def check_same_shape(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor, dims: slice = slice(None)) -> None:
+    """Require ``a.shape[dims] == b.shape[dims]``."""
+    if tuple(a.shape[dims]) != tuple(b.shape[dims]):
+        raise ValueError(
+            f"{name_a} and {name_b} have mismatched shapes {tuple(a.shape)} and {tuple(b.shape)}"
+        )
+
+
+def check_rows_sum_to_one(name: str, weights: torch.Tensor, atol: float = 1e-6) -> torch.Tensor:
+    """Require non-negative rows (last axis) that sum to one, as attention weights do.
+
+    Rows that are entirely zero (fully masked rows) are allowed.
+    """
+    check_finite(name, weights)
+    if (weights < -atol).any():
+        raise ValueError(f"{name} must be non-negative (attention weights), found {weights.min().item():.3g}")
+    sums = weights.sum(-1)
+    bad = ((sums - 1).abs() > atol) & (sums.abs() > atol)
+    if bad.any():
+        worst = sums[bad].flatten()[0].item()
+        raise ValueError(f"every row of {name} must sum to one (tolerance {atol}); a row sums to {worst:.6g}")
+    return weights
+
+
+def as_tensor(name: str, value, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Convert arrays and lists to a torch tensor, keeping tensors as they are (optionally cast)."""
+    try:
+        t = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+    except Exception as exc:  # pragma: no cover - message path
+        raise ValueError(f"{name} must be an array or tensor of numbers, got {type(value).__name__}") from exc
+    if dtype is not None:
+        t = t.to(dtype)
+    return t
