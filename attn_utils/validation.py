@@ -6,6 +6,7 @@ range, so that bad input stops before any heavy work starts.
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 from collections.abc import Iterable
 
@@ -13,8 +14,10 @@ import torch
 
 
 def check_positive(name: str, value: float) -> float:
-    """Require a finite real number > 0."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+    """Require a finite real number > 0 (Python, numpy or 0-d tensor)."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
     return float(value)
 
