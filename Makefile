@@ -34,3 +34,7 @@ benchmark: $(STAMP)
 
 clean:
 	rm -rf _build
+
+# regenerate the paired .ipynb copies (no outputs) from the py:percent sources
+pair: $(STAMP)
+	$(VENV)/bin/jupytext --to ipynb --update-metadata '{"jupytext": {"formats": "ipynb,py:percent"}}' notebooks/*.py

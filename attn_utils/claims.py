@@ -1,18 +1,16 @@
 """The claims ledger: each claim of the paper, the value we measured, and a verdict.
 
 Notebooks call :func:`record` as they test a claim; the reproducibility chapter collects every
-record with :func:`load`. Records are JSON files in the build's run folder (``ATTN_COMPANION_RUN_DIR``,
-set by ``attn-companion``); a notebook opened by hand writes to ``runs/interactive/``.
+record with :func:`load` (records live in the build's run folder, see :mod:`attn_utils.runlog`).
 """
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pandas as pd
 
+from . import runlog
 from .validation import check_choice
 
 VERDICTS = ("reproduced", "partly reproduced", "not reproduced", "not comparable", "holds", "fails")
@@ -40,22 +38,14 @@ class Claim:
         check_choice("verdict", self.verdict, VERDICTS)
 
 
-def run_dir() -> Path:
-    """The folder this build's artefacts go to."""
-    return Path(os.environ.get("ATTN_COMPANION_RUN_DIR") or Path(__file__).resolve().parents[1] / "runs" / "interactive")
-
-
 def record(claim: Claim) -> Claim:
     """Write ``claim`` to the run folder (one file per key, so re-running a notebook replaces its rows)."""
-    folder = run_dir() / "claims"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{claim.key}.json").write_text(json.dumps(asdict(claim), indent=1))
+    runlog.write("claims", claim.key, {**asdict(claim), "notebook": runlog.notebook()})
     return claim
 
 
 def load(folder: Path | None = None) -> pd.DataFrame:
     """Every recorded claim, ordered by chapter then key."""
-    folder = (folder or run_dir()) / "claims"
-    rows = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
-    columns = list(Claim.__dataclass_fields__)
-    return pd.DataFrame(rows, columns=columns).sort_values(["chapter", "key"], ignore_index=True)
+    columns = [*Claim.__dataclass_fields__, "notebook"]
+    return pd.DataFrame(runlog.read("claims", folder), columns=columns).sort_values(["chapter", "key"],
+                                                                                  ignore_index=True)

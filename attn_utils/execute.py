@@ -9,13 +9,13 @@ modified.
 from __future__ import annotations
 
 import ast
-import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,10 +26,11 @@ import papermill
 import yaml
 
 from .params import validate
+from . import runlog
+from .runlog import NOTEBOOK_ENV, RUN_DIR_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = ROOT / "notebooks"
-RUN_DIR_ENV = "ATTN_COMPANION_RUN_DIR"
 
 
 class NotebookFailed(RuntimeError):
@@ -99,24 +100,32 @@ def execute_notebook(src: Path, out: Path, parameters: dict[str, Any] | None = N
     out.parent.mkdir(parents=True, exist_ok=True)
     nb = jupytext.read(src)
     nb.metadata.setdefault("kernelspec", {"name": "python3", "display_name": "Python 3", "language": "python"})
-    with tempfile.TemporaryDirectory() as tmp:
+    env = {NOTEBOOK_ENV: src.stem, **({RUN_DIR_ENV: str(run_dir)} if run_dir is not None else {})}
+    with tempfile.TemporaryDirectory() as tmp, _environment(env):
         nb_in = Path(tmp) / f"{src.stem}.ipynb"
         nbformat.write(nb, nb_in)
-        env_before = os.environ.get(RUN_DIR_ENV)
-        if run_dir is not None:
-            os.environ[RUN_DIR_ENV] = str(run_dir)
         start = time.perf_counter()
         try:
             papermill.execute_notebook(str(nb_in), str(out), parameters=parameters, cwd=str(src.parent),
                                        kernel_name="python3", progress_bar=progress, execution_timeout=timeout)
         except papermill.PapermillExecutionError as exc:
             raise NotebookFailed(f"notebook {src.name} failed: {exc.ename}: {exc.evalue}") from None
-        finally:
-            if env_before is None:
-                os.environ.pop(RUN_DIR_ENV, None)
-            else:
-                os.environ[RUN_DIR_ENV] = env_before
     return time.perf_counter() - start
+
+
+@contextmanager
+def _environment(values: dict[str, str]):
+    """Set environment variables (inherited by the kernel) for the duration of a block."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def toc_files(root: Path = ROOT) -> list[str]:
@@ -126,14 +135,9 @@ def toc_files(root: Path = ROOT) -> list[str]:
 
     def walk(node):
         if isinstance(node, dict):
-            if "file" in node:
-                files.append(node["file"])
-            for key in ("root",):
-                if key in node:
-                    files.append(node[key])
+            files.extend(node[key] for key in ("root", "file") if key in node)
             for value in node.values():
-                if isinstance(value, (list, dict)):
-                    walk(value)
+                walk(value)
         elif isinstance(node, list):
             for item in node:
                 walk(item)
@@ -148,16 +152,16 @@ class BookResult:
     timings: dict[str, float]
 
 
-def build_book(parameters: dict[str, Any] | None = None, *, out: Path | None = None, progress: bool = True) -> BookResult:
+def build_book(parameters: dict[str, Any] | None = None, *, root: Path = ROOT, out: Path | None = None,
+               progress: bool = True) -> BookResult:
     """Execute every notebook of the book and build the HTML into ``out`` (default ``_build/html``).
 
     A parameter is passed to every notebook that declares it; one that no notebook declares is an
     error. On any failure the previous ``out`` is left untouched.
     """
     parameters = dict(parameters or {})
-    out = (out or ROOT / "_build" / "html").resolve()
-    files = toc_files()
-    notebooks = [NOTEBOOK_DIR / f"{Path(f).name}.py" for f in files if f.startswith("notebooks/")]
+    out = (out or root / "_build" / "html").resolve()
+    notebooks = [root / f"{f}.py" for f in toc_files(root) if f.startswith("notebooks/")]
     declared = {nb: notebook_parameters(nb) for nb in notebooks}
     unknown = sorted(set(parameters) - set().union(*declared.values()))
     if unknown:
@@ -169,7 +173,7 @@ def build_book(parameters: dict[str, Any] | None = None, *, out: Path | None = N
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=out.parent))
     try:
         for name in ("_config.yml", "_toc.yml", "book"):
-            src = ROOT / name
+            src = root / name
             (shutil.copytree if src.is_dir() else shutil.copy2)(src, staging / name)
         run_dir = staging / "_run"
         run_dir.mkdir()
@@ -179,7 +183,8 @@ def build_book(parameters: dict[str, Any] | None = None, *, out: Path | None = N
             print(f"[{i}/{len(notebooks)}] executing {nb.name} {own or ''}", flush=True)
             timings[nb.stem] = execute_notebook(nb, staging / "notebooks" / f"{nb.stem}.ipynb", own,
                                                 run_dir=run_dir, progress=progress)
-            (run_dir / "timings.json").write_text(json.dumps(timings, indent=1))
+            runlog.write("notebooks", f"{i:02d}-{nb.stem}", {"notebook": nb.stem, "seconds": timings[nb.stem],
+                                                              "parameters": own}, folder=run_dir)
             print(f"[{i}/{len(notebooks)}] {nb.name} done in {timings[nb.stem]:.1f} s", flush=True)
         print("building the HTML with Jupyter Book", flush=True)
         build = subprocess.run([sys.executable, "-c", "from jupyter_book.cli.main import main; main()", "build", str(staging), "-W", "--keep-going",

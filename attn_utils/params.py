@@ -95,7 +95,7 @@ SPECS: dict[str, Spec] = {
 }
 
 
-def validate(**values: Any) -> dict[str, Any]:
+def validate(**values: Any) -> None:
     """Check every given parameter against :data:`SPECS`; raise ``ValueError`` on the first bad one."""
     for name, value in values.items():
         spec = SPECS.get(name)
@@ -103,4 +103,3 @@ def validate(**values: Any) -> dict[str, Any]:
             raise ValueError(f"unknown parameter {name!r}; known parameters: {sorted(SPECS)}")
         if not spec.check(value):
             raise ValueError(f"parameter {name} must be {spec.allowed}, got {value!r}")
-    return values

@@ -1,0 +1,60 @@
+"""Artefacts one build leaves for its reproducibility chapter: claims, provenance records, algorithm timings.
+
+``attn-companion`` exports ``ATTN_COMPANION_RUN_DIR`` (the build's run folder) and
+``ATTN_COMPANION_NOTEBOOK`` (the notebook being executed) to each kernel. Records are small JSON
+files, ``<run dir>/<kind>/<key>.json``; a notebook opened by hand writes to ``runs/interactive/``.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+RUN_DIR_ENV = "ATTN_COMPANION_RUN_DIR"
+NOTEBOOK_ENV = "ATTN_COMPANION_NOTEBOOK"
+
+
+def run_dir() -> Path:
+    """The folder this build's artefacts go to."""
+    return Path(os.environ.get(RUN_DIR_ENV) or Path(__file__).resolve().parents[1] / "runs" / "interactive")
+
+
+def notebook() -> str:
+    """The notebook being executed (``interactive`` outside ``attn-companion``)."""
+    return os.environ.get(NOTEBOOK_ENV, "interactive")
+
+
+def write(kind: str, key: str, payload: dict[str, Any], folder: Path | None = None) -> Path:
+    """Write one record; a record with the same kind and key is replaced."""
+    folder = (folder or run_dir()) / kind
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{key}.json"
+    path.write_text(json.dumps(payload, indent=1, default=str))
+    return path
+
+
+def read(kind: str, folder: Path | None = None) -> list[dict[str, Any]]:
+    """Every record of ``kind``, in key order."""
+    base = (folder or run_dir()) / kind
+    return [json.loads(p.read_text()) for p in sorted(base.glob("*.json"))] if base.is_dir() else []
+
+
+def timed(algorithm: str) -> Callable:
+    """Decorator: record the wall time of every call of an algorithm under ``timings/``."""
+    def wrap(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def inner(*args, **kwargs):
+            start = time.perf_counter()
+            result = fn(*args, **kwargs)
+            seconds = time.perf_counter() - start
+            key = f"{notebook()}--{fn.__name__}"
+            previous = next((r for r in read("timings") if r["key"] == key), {"seconds": 0.0, "calls": 0})
+            write("timings", key, {"key": key, "algorithm": algorithm, "function": fn.__name__,
+                                   "notebook": notebook(), "seconds": previous["seconds"] + seconds,
+                                   "calls": previous["calls"] + 1})
+            return result
+        return inner
+    return wrap

@@ -1,0 +1,146 @@
+"""The build pipeline, the CLI and the parameter checks (on a tiny throw-away book)."""
+from __future__ import annotations
+
+import json
+import shutil
+import textwrap
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from attn_utils import cli, execute, params, sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+
+NOTEBOOK = textwrap.dedent('''\
+    # ---
+    # jupyter:
+    #   kernelspec: {display_name: Python 3, language: python, name: python3}
+    # ---
+
+    # %% [markdown]
+    # # Tiny chapter
+
+    # %% tags=["parameters"]
+    N = 3  # size of the top-N set
+    seed = 0  # seed
+
+    # %%
+    from attn_utils.params import validate
+    validate(N=N, seed=seed)
+    from myst_nb import glue
+    import matplotlib.pyplot as plt
+    glue("answer", N * 2, display=False)
+    fig, ax = plt.subplots(figsize=(2, 2)); ax.plot([0, N]); plt.show()
+
+    # %% [markdown]
+    # The answer is {glue:text}`answer`.
+    ''')
+
+
+@pytest.fixture
+def tiny_book(tmp_path):
+    """A minimal book with the project's configuration and one notebook."""
+    root = tmp_path / "proj"
+    (root / "book").mkdir(parents=True)
+    (root / "notebooks").mkdir()
+    shutil.copy(ROOT / "_config.yml", root / "_config.yml")
+    shutil.copy(ROOT / "book" / "references.bib", root / "book" / "references.bib")
+    (root / "book" / "intro.md").write_text("# Intro\n\nHello {cite}`vaswani2017attention`.\n\n```{bibliography}\n```\n")
+    (root / "_toc.yml").write_text("format: jb-book\nroot: book/intro\nchapters:\n  - file: notebooks/tiny\n")
+    (root / "notebooks" / "tiny.py").write_text(NOTEBOOK)
+    return root
+
+
+def test_parse_and_split_values():
+    assert execute.parse_value("5") == 5 and execute.parse_value("1e-3") == 1e-3
+    assert execute.parse_value("[32, 64]") == [32, 64] and execute.parse_value("None") is None
+    assert execute.parse_value("gpt2") == "gpt2"
+    assert execute.split_values("1,[2, 3],abc") == [1, [2, 3], "abc"]
+
+
+@pytest.mark.parametrize("name, value, fragment", [
+    ("L", 1, "parameter L must be an integer >= 2"),
+    ("N", 0, "parameter N must be an integer >= 1"),
+    ("Ts", [1.0, -2.0], "parameter Ts must be a non-empty list of numbers > 0"),
+    ("ks_alpha", 1.5, "parameter ks_alpha must be a number in (0, 1)"),
+    ("lengths", [64, 32], "increasing"),
+    ("corpus", "/no/such/file.txt", "parameter corpus"),
+    ("vectors", "hidden", "'value', 'key' or 'query'"),
+    ("bogus", 1, "unknown parameter 'bogus'"),
+])
+def test_validate_rejects_bad_values(name, value, fragment):
+    with pytest.raises(ValueError) as err:
+        params.validate(**{name: value})
+    assert fragment in str(err.value)
+
+
+def test_validate_accepts_good_values():
+    good = dict(L=1024, N=5, Ns=[1, 5, 10], Ts=[1e-3, 10], ks_alpha=0.01, lengths=[32, 64], corpus="war-and-peace",
+                chapters=[1, 3], seed=0, model="auto", vectors="value", logit_scale="raw")
+    params.validate(**good)  # no exception
+
+
+def test_notebook_parameters_and_unknown_parameter(tiny_book):
+    src = tiny_book / "notebooks" / "tiny.py"
+    assert execute.notebook_parameters(src) == {"N": 3, "seed": 0}
+    with pytest.raises(ValueError, match="tiny has no parameter 'L'"):
+        execute.check_parameters(src, {"L": 5})
+    with pytest.raises(ValueError, match="parameter N must be"):
+        execute.check_parameters(src, {"N": -1})
+
+
+def test_build_book_then_failed_build_keeps_previous(tiny_book, tmp_path):
+    out = tmp_path / "html"
+    result = execute.build_book({"N": 4}, root=tiny_book, out=out, progress=False)
+    page = (out / "notebooks" / "tiny.html").read_text()
+    assert "The answer is" in page and ">8<" in page  # glue 2 * N reached the prose
+    assert set(result.timings) == {"tiny"} and result.timings["tiny"] > 0
+    # a notebook that raises: the pipeline names it, and the previous book stays
+    src = tiny_book / "notebooks" / "tiny.py"
+    src.write_text(src.read_text().replace("validate(N=N, seed=seed)", "raise ValueError('boom from the notebook')"))
+    with pytest.raises(execute.NotebookFailed, match="tiny.py failed: ValueError: boom"):
+        execute.build_book({}, root=tiny_book, out=out, progress=False)
+    assert (out / "notebooks" / "tiny.html").read_text() == page
+    assert not list(tmp_path.glob("html.old")) and not list(out.parent.glob(".staging-*"))
+
+
+def test_build_book_rejects_bad_parameters_before_running(tiny_book, tmp_path):
+    with pytest.raises(ValueError, match="no notebook has a parameter 'L'"):
+        execute.build_book({"L": 5}, root=tiny_book, out=tmp_path / "html")
+    with pytest.raises(ValueError, match="parameter N must be an integer >= 1"):
+        execute.build_book({"N": 0}, root=tiny_book, out=tmp_path / "html")
+    assert not (tmp_path / "html").exists()
+
+
+def test_sweep_runs_every_combination_and_writes_index(tiny_book, tmp_path):
+    src = tiny_book / "notebooks" / "tiny.py"
+    index = sweep.sweep(src, {"N": [2, 5], "seed": [0]}, tmp_path / "runs", jobs=2)
+    results = json.loads((index.parent / "index.json").read_text())
+    assert sorted(r["parameters"]["N"] for r in results) == [2, 5]
+    assert all(r["error"] is None for r in results)
+    html = index.read_text()
+    assert html.count("<img") == 2 and "N = 2" in html and "N = 5" in html
+    nb = nbformat.read(results[0]["notebook"], as_version=4)
+    assert nb.metadata.papermill.parameters["N"] in (2, 5)
+
+
+def test_sweep_validates_all_combinations_first(tiny_book, tmp_path):
+    src = tiny_book / "notebooks" / "tiny.py"
+    with pytest.raises(ValueError, match="parameter N must be"):
+        sweep.sweep(src, {"N": [2, 0]}, tmp_path / "runs")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_cli_reports_bad_parameter_and_unknown_notebook(capsys):
+    assert cli.main(["run", "no_such_notebook"]) == 2
+    assert "notebook 'no_such_notebook' not found" in capsys.readouterr().err
+    assert cli.main(["book", "-p", "no_such_param", "1"]) == 2
+    assert "no notebook has a parameter 'no_such_param'" in capsys.readouterr().err
+
+
+def test_run_slug_is_stable_and_distinct():
+    a = sweep.run_slug({"N": 5, "L": 64})
+    assert a == sweep.run_slug({"L": 64, "N": 5}) and a != sweep.run_slug({"N": 6, "L": 64})
+    assert a.startswith("L=64_N=5-")
