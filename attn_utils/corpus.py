@@ -1,0 +1,201 @@
+"""Texts to feed the models: War and Peace (Project Gutenberg #2600) or any UTF-8 file, cut into token windows.
+
+War and Peace is looked up in the data cache (``data_dir()``) and downloaded from Project Gutenberg only when
+it is missing there. The Gutenberg header and licence are stripped. A text with ``CHAPTER`` headings is reduced
+to its chapters: front matter and the table of contents are dropped, and so are the BOOK / EPILOGUE / CHAPTER
+heading lines themselves, so that token windows contain only prose.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from attn_utils.validation import check_int
+
+WAR_AND_PEACE = "War and Peace (Project Gutenberg #2600)"
+WAR_AND_PEACE_FILE = "pg2600.txt"
+WAR_AND_PEACE_URL = "https://www.gutenberg.org/cache/epub/2600/pg2600.txt"
+DOWNLOAD_TIMEOUT_S = 20
+
+_START = re.compile(r"^\*\*\*\s*START OF (THE|THIS) PROJECT GUTENBERG.*$", re.M | re.I)
+_END = re.compile(r"^\s*(\*\*\*\s*END OF (THE|THIS) PROJECT GUTENBERG|END OF (THE )?PROJECT GUTENBERG)", re.M | re.I)
+_CHAPTER = re.compile(r"^[ \t]*CHAPTER[ \t]+([IVXLCDM]+|\d+)\.?[ \t]*$", re.M)
+_PART = re.compile(r"^[ \t]*((BOOK|PART|VOLUME)[ \t]+[A-Z0-9]+\b[^\n]{0,40}|[A-Z ]*EPILOGUE\b[^\na-z]{0,40})$", re.M)
+
+
+def data_dir() -> Path:
+    """The cache folder for corpora and models: ``$ATTN_COMPANION_DATA``, else ``$XDG_CACHE_HOME/attn-companion``
+    (``~/.cache/attn-companion`` when XDG_CACHE_HOME is unset)."""
+    if os.environ.get("ATTN_COMPANION_DATA"):
+        return Path(os.environ["ATTN_COMPANION_DATA"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "attn-companion"
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex sha256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _download(url: str, dest: Path, timeout: float = DOWNLOAD_TIMEOUT_S) -> None:
+    """Fetch ``url`` into ``dest`` (written to a temporary file first, then renamed)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
+            shutil.copyfileobj(response, out)
+        os.replace(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def war_and_peace_path(download: bool = True) -> Path:
+    """Path of ``pg2600.txt`` in ``data_dir()``; downloaded from Project Gutenberg (20 s timeout) if missing."""
+    folder = data_dir()
+    path = folder / WAR_AND_PEACE_FILE
+    if path.is_file():
+        return path
+    reason = "download disabled"
+    if download:
+        try:
+            _download(WAR_AND_PEACE_URL, path)
+            return path
+        except Exception as err:  # network errors come in many types; all mean the same here
+            reason = f"download from {WAR_AND_PEACE_URL} failed: {type(err).__name__}: {err}"
+    raise FileNotFoundError(
+        f"War and Peace not found in {folder} and {reason}. Copy pg2600.txt (Project Gutenberg #2600) "
+        f"into {folder}, or set ATTN_COMPANION_DATA to a folder that holds it."
+    )
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A text ready for tokenization, with what is needed to cite it.
+
+    ``sha256`` is the hash of the raw file (before any stripping); ``chapters`` is the selected inclusive range
+    ``(first, last)`` (1-based) or ``None`` for the whole text; ``chapter_titles`` names the selected chapters.
+    """
+
+    name: str
+    source: str
+    sha256: str
+    text: str
+    chapters: tuple[int, int] | None = None
+    chapter_titles: tuple[str, ...] = ()
+    n_chapters: int = 0
+
+
+def strip_gutenberg(text: str) -> str:
+    """The body between Project Gutenberg's START and END markers (the whole text if there are none)."""
+    start = _START.search(text)
+    if start:
+        text = text[start.end():]
+    end = _END.search(text)
+    return text[:end.start()] if end else text
+
+
+def split_chapters(text: str) -> list[tuple[str, str]]:
+    """``(title, body)`` of every chapter in reading order; contents entries (headings without prose) are skipped.
+
+    A chapter starts at a ``CHAPTER <roman or arabic>`` line. Its body runs to the next chapter heading, with BOOK /
+    PART / EPILOGUE heading lines removed. Titles read e.g. ``"BOOK ONE: 1805, CHAPTER I"``.
+    """
+    headings = list(_CHAPTER.finditer(text))
+    chapters, part = [], ""
+    for i, match in enumerate(headings):
+        before = text[headings[i - 1].end() if i else 0:match.start()]
+        parts = _PART.findall(before)
+        if parts:
+            part = parts[-1][0].strip()
+        end = headings[i + 1].start() if i + 1 < len(headings) else len(text)
+        body = _PART.sub("", text[match.end():end]).strip()
+        if body:
+            chapters.append((f"{part}, CHAPTER {match.group(1)}" if part else f"CHAPTER {match.group(1)}", body))
+    return chapters
+
+
+def _read_utf8(path: Path) -> tuple[str, str]:
+    """The text (BOM removed, newlines normalised) and the sha256 of a file."""
+    if not path.is_file():
+        raise FileNotFoundError(f"text file {path} does not exist")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not UTF-8 text ({err}); convert it, e.g. `iconv -t UTF-8`") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n"), hashlib.sha256(raw).hexdigest()
+
+
+def load_text(path: str | os.PathLike | None = None, chapters: tuple[int, int] | None = None) -> Corpus:
+    """Load War and Peace (``path=None``) or any UTF-8 text file as a :class:`Corpus`.
+
+    ``chapters=(first, last)`` keeps consecutive chapters ``first..last`` (1-based, inclusive), counted in reading
+    order across all books and both epilogues (War and Peace has 365): ``(1, 10)`` is BOOK ONE, chapters I-X.
+    ``None`` keeps every chapter (the novel proper), or the whole stripped text of a file without chapters.
+    """
+    source = war_and_peace_path() if path is None else Path(path)
+    text, sha = _read_utf8(source)
+    body = strip_gutenberg(text)
+    found = split_chapters(body)
+    if chapters is not None:
+        if not found:
+            raise ValueError(f"{source} has no 'CHAPTER <number>' headings, so chapters={chapters!r} cannot be "
+                             "selected; use chapters=None for the whole text")
+        if not (isinstance(chapters, (tuple, list)) and len(chapters) == 2):
+            raise ValueError(f"chapters must be a pair (first, last), got {chapters!r}")
+        first = check_int("chapters[0]", chapters[0], 1, len(found))
+        last = check_int("chapters[1]", chapters[1], first, len(found))
+        selected, chapters = found[first - 1:last], (first, last)
+    else:
+        selected = found
+    text = "\n\n".join(b for _, b in selected) if selected else body.strip()
+    name = WAR_AND_PEACE if path is None else source.name
+    return Corpus(name=name, source=str(source), sha256=sha, text=text, chapters=chapters,
+                  chapter_titles=tuple(t for t, _ in selected), n_chapters=len(found))
+
+
+def _encode(text: str, tokenizer) -> list[int]:
+    return tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+
+
+def token_windows(text: str | Corpus, tokenizer, L: int, offset: int = 0, n_windows: int = 1) -> torch.Tensor:
+    """``n_windows`` consecutive, non-overlapping windows of ``L`` tokens starting at token ``offset``.
+
+    Returns a LongTensor of shape ``(n_windows, L)``; window ``i`` holds tokens ``offset + i*L`` to
+    ``offset + (i+1)*L - 1`` of the text, tokenized without special tokens (no BOS/EOS). Only a prefix long
+    enough for the windows is tokenized. ``L`` above ``tokenizer.model_max_length`` is refused.
+    """
+    if isinstance(text, Corpus):
+        text = text.text
+    L = check_int("L", L, 1)
+    offset = check_int("offset", offset, 0)
+    n_windows = check_int("n_windows", n_windows, 1)
+    limit = getattr(tokenizer, "model_max_length", None)
+    if limit is not None and L > limit:
+        raise ValueError(f"L={L} exceeds the model's context of {limit} tokens; choose L <= {limit}")
+    needed = offset + n_windows * L
+    margin = 64  # tokens beyond the windows, so a prefix cut inside a word cannot change them
+    chars = 6 * (needed + margin)
+    while True:
+        ids = _encode(text[:chars], tokenizer)
+        if chars >= len(text) or len(ids) >= needed + margin:
+            break
+        chars *= 2
+    if len(ids) < needed:
+        raise ValueError(
+            f"the text has {len(ids)} tokens but offset + n_windows * L = {offset} + {n_windows} * {L} = {needed} "
+            "are needed; lower offset, n_windows or L, or use a longer text (e.g. more chapters)"
+        )
+    return torch.tensor(ids[offset:needed], dtype=torch.long).view(n_windows, L)

@@ -1,0 +1,327 @@
+"""The paper's Algorithms 1-5 (arXiv 2508.17821, appendix B; NOTES §3), vectorised over heads and rows.
+
+Inputs are one model's attention for one text: ``weights`` or ``logits`` of shape (layers, heads, L, L)
+and vectors ``x`` of shape (layers, heads, L, d) (by project policy the per-head value vectors). Any
+float dtype is accepted; each layer is cast to float64 on its own, so float32 storage halves the
+memory and the arithmetic stays in float64. ``mask`` defaults to the causal mask (row t, 0-based,
+sees keys 0..t); a (L, L) or (layers, heads, L, L) boolean mask may be given instead.
+
+Each function processes one layer at a time and the rows in blocks (``metrics._row_blocks``), then
+averages per-row quantities over the *valid* rows of each head: rows that see more than N keys
+(L_r > N; NOTES §3.1 [INFERRED] for the causal convention). Results are tidy ``pandas`` DataFrames with
+one row per (grid value, layer, head). ``progress=False`` silences the tqdm bar over layers.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy.stats import ks_2samp
+from tqdm.auto import tqdm
+
+from attn_utils import metrics, theory
+from attn_utils.normalizers import causal_mask
+from attn_utils.validation import as_tensor, check_choice, check_int, check_positive, check_rows_sum_to_one
+
+__all__ = [
+    "CriticalN",
+    "GradientSensitivity",
+    "critical_n",
+    "distance_vs_length",
+    "distance_vs_n",
+    "gradient_sensitivity",
+    "separability_vs_n",
+]
+
+
+class CriticalN(NamedTuple):
+    """Algorithm 3's output: one KS test per (L, N), and the critical N per L."""
+
+    tests: pd.DataFrame
+    summary: pd.DataFrame
+
+
+class GradientSensitivity(NamedTuple):
+    """Algorithm 5's output: mean g per (T, eps, layer, head), and the max over heads per (T, eps)."""
+
+    heads: pd.DataFrame
+    summary: pd.DataFrame
+
+
+# --- input handling ---------------------------------------------------------------------------------
+
+
+def _attention(name: str, value) -> torch.Tensor:
+    t = as_tensor(name, value)
+    if t.ndim != 4 or t.shape[-1] != t.shape[-2] or not t.is_floating_point():
+        raise ValueError(f"{name} must be a float tensor of shape (layers, heads, L, L), got {tuple(t.shape)}")
+    return t
+
+
+def _vectors(x, attention: torch.Tensor) -> torch.Tensor:
+    x = as_tensor("x", x)
+    if x.ndim != 4 or x.shape[:3] != attention.shape[:3] or not x.is_floating_point():
+        raise ValueError(
+            f"x must be a float tensor of shape (layers, heads, L, d) = {tuple(attention.shape[:3])} + (d,), "
+            f"got {tuple(x.shape)}"
+        )
+    return x
+
+
+def _mask(mask, attention: torch.Tensor) -> torch.Tensor:
+    """The visibility per layer: a (heads, L, L) view for each layer index."""
+    L = attention.shape[-1]
+    if mask is None:
+        return causal_mask(L).expand(attention.shape)
+    mask = as_tensor("mask", mask)
+    if mask.dtype != torch.bool or mask.shape not in {(L, L), attention.shape}:
+        raise ValueError(
+            f"mask must be a boolean tensor of shape (L, L) = ({L}, {L}) or {tuple(attention.shape)}, "
+            f"got {mask.dtype} {tuple(mask.shape)}"
+        )
+    return mask.expand(attention.shape)
+
+
+def _length(L, attention: torch.Tensor) -> int:
+    return attention.shape[-1] if L is None else check_int("L", L, low=2, high=attention.shape[-1])
+
+
+def _grid(name: str, values, low: int, high: int) -> list[int]:
+    values = [check_int(name, v, low=low, high=high) for v in values]
+    if not values:
+        raise ValueError(f"{name} must hold at least one value")
+    return sorted(set(values))
+
+
+def _layer(weights: torch.Tensor, x: torch.Tensor, layer: int, L: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Layer ``layer`` cut to its leading L keys and rows, in float64, validated."""
+    w = check_rows_sum_to_one("weights", weights[layer, :, :L, :L].to(torch.float64), atol=theory.SUM_ATOL)
+    xs = x[layer, :, :L].to(torch.float64)
+    if not torch.isfinite(xs).all():
+        raise ValueError("x must contain only finite numbers (found NaN or inf)")
+    return w, xs
+
+
+def _frame(layer: int, grid: dict, values: dict) -> dict[str, np.ndarray]:
+    """Columns for one row per head: the layer, the head, the grid values and the per-head ``values``."""
+    heads = len(next(iter(values.values())))
+    return {"layer": np.full(heads, layer), "head": np.arange(heads),
+            **{k: np.full(heads, v) for k, v in grid.items()},
+            **{k: np.asarray(v, dtype=float) for k, v in values.items()}}
+
+
+def _concat(frames: list[dict], order: list[str]) -> pd.DataFrame:
+    """One DataFrame from the columns of ``frames``, sorted by ``order``, layer and head."""
+    table = pd.DataFrame({k: np.concatenate([f[k] for f in frames]) for k in frames[0]})
+    return table.sort_values(order + ["layer", "head"], ignore_index=True)
+
+
+class _RowMeans:
+    """Per-head sums and counts of per-row quantities over valid rows, block by block."""
+
+    def __init__(self, heads: int, names: tuple[str, ...]):
+        self.sums = {n: torch.zeros(heads, dtype=torch.float64) for n in names}
+        self.counts = {n: torch.zeros(heads, dtype=torch.float64) for n in names}
+
+    def add(self, name: str, values: torch.Tensor, valid: torch.Tensor) -> None:
+        self.sums[name] += torch.where(valid, values, 0.0).sum(-1)
+        self.counts[name] += valid.sum(-1)
+
+    def means(self) -> dict[str, torch.Tensor]:
+        return {n: self.sums[n] / self.counts[n] for n in self.sums}  # 0 / 0 = NaN: no valid row
+
+
+# --- Algorithms 1-3: distances ------------------------------------------------------------------------
+
+
+def _distance_means(w, xs, visible, N: int, reading: str, with_bound: bool) -> dict[str, torch.Tensor]:
+    """Per-head means over valid rows of d-tilde, the main sum E of Theorem 1 and (optionally) the
+    fixed-set bound of Theorem 1, for one layer (heads, R, L)."""
+    names = ("distance", "expectation", "bound") if with_bound else ("distance", "expectation")
+    acc = _RowMeans(w.shape[0], names)
+    for rows, k in metrics._row_blocks(visible):
+        if k <= N:  # every row of the block sees <= N keys
+            continue
+        wb, vb, xb = w[:, rows, :k], visible[:, rows, :k], xs[:, :k]
+        selected, valid = metrics._top_n(wb, vb, N)
+        acc.add("distance", metrics._cumulative_distance(wb, xb, selected, vb, reading), valid)
+        acc.add("expectation", theory.theorem1_random_main_sum(wb, xb, N, vb), valid)
+        if with_bound:
+            acc.add("bound", theory.theorem1_fixed_bound(wb, xb, selected, vb), valid)
+    return acc.means()
+
+
+def _distance_table(weights, x, pairs, mask, reading, with_bound, progress, desc) -> pd.DataFrame:
+    check_choice("reading", reading, metrics.READINGS)
+    visible_all = _mask(mask, weights)
+    L_max = max(L for L, _ in pairs)
+    frames = []
+    for layer in tqdm(range(weights.shape[0]), desc=desc, disable=not progress):
+        w, xs = _layer(weights, x, layer, L_max)
+        for L, N in pairs:
+            means = _distance_means(w[:, :L, :L], xs[:, :L], visible_all[layer, :, :L, :L], N, reading, with_bound)
+            frames.append(_frame(layer, {"L": L, "N": N}, means))
+    return _concat(frames, ["L", "N"])
+
+
+def distance_vs_length(weights, x, N: int = 5, lengths=(32, 64, 128, 256, 512, 1024), mask=None,
+                       reading: str = "sum_of_norms", progress: bool = True) -> pd.DataFrame:
+    """Algorithm 1 (Fig. 2a): distance statistics at fixed N for growing context length L.
+
+    For each L the leading L x L block of each head is used: with a causal mask the first L rows see
+    only the first L keys, so the block is exactly the attention of the L-token prefix (with another
+    mask it is not, and its rows no longer sum to one, which raises ValueError). Columns: layer, head,
+    L, N, ``distance`` (mean d-tilde, Eq. (7), ``metrics.cumulative_distance``), ``expectation`` (mean
+    main sum E of Theorem 1's random part, ``theory.theorem1_random_main_sum``), ``bound`` (mean
+    Theorem 1 fixed-set bound, ``theory.theorem1_fixed_bound``). E and the bound are derived for the
+    sum-of-norms reading; for ``reading="norm_of_sum"`` the bound still holds, E is not a lower bound.
+    """
+    weights = _attention("weights", weights)
+    x = _vectors(x, weights)
+    lengths = _grid("lengths", lengths, low=2, high=weights.shape[-1])
+    N = check_int("N", N, low=1, high=min(lengths) - 1)
+    return _distance_table(weights, x, [(L, N) for L in lengths], mask, reading, True, progress, "Algorithm 1")
+
+
+def distance_vs_n(weights, x, Ns=(1, 5, 10, 20, 100), L: int | None = None, mask=None,
+                  reading: str = "sum_of_norms", progress: bool = True) -> pd.DataFrame:
+    """Algorithm 2 (Fig. 2b): distance statistics at fixed L (default: all keys) for growing N.
+
+    Same columns as :func:`distance_vs_length`; every N must satisfy 1 <= N <= L - 1.
+    """
+    weights = _attention("weights", weights)
+    x = _vectors(x, weights)
+    L = _length(L, weights)
+    Ns = _grid("N", Ns, low=1, high=L - 1)
+    return _distance_table(weights, x, [(L, N) for N in Ns], mask, reading, True, progress, "Algorithm 2")
+
+
+def critical_n(weights, x, lengths, Ns, alpha: float = 0.01, mask=None, reading: str = "sum_of_norms",
+               progress: bool = True) -> CriticalN:
+    """Algorithm 3 (Fig. 2c): the critical top-N per context length L, by a two-sample KS test.
+
+    For each L and each N < L of the grid, the per-(layer, head) means d-bar and E-bar (as in
+    Algorithm 1, over the leading L x L block) form two samples of layers x heads values, compared by
+    ``scipy.stats.ks_2samp``. The critical N of L is the smallest N of the grid whose test does not
+    reject equality at level alpha (p > alpha); -1 if every test rejects. The paper's text and Fig. 2
+    use alpha = 0.01, its pseudocode 0.05 (NOTES §3.2); the default follows the text. Pairs with
+    N >= L are skipped.
+
+    Returns ``CriticalN(tests, summary)``: ``tests`` has columns L, N, statistic, pvalue, reject;
+    ``summary`` has L, critical_n, critical_fraction (= critical_n / L, NaN when -1).
+    """
+    weights = _attention("weights", weights)
+    x = _vectors(x, weights)
+    alpha = check_positive("alpha", alpha)
+    if alpha >= 1:
+        raise ValueError(f"alpha must be a significance level in (0, 1), got {alpha}")
+    lengths = _grid("lengths", lengths, low=2, high=weights.shape[-1])
+    Ns = _grid("Ns", Ns, low=1, high=None)
+    pairs = [(L, N) for L in lengths for N in Ns if N < L]
+    if not pairs:
+        raise ValueError("Ns must hold at least one N smaller than some length of lengths")
+    means = _distance_table(weights, x, pairs, mask, reading, False, progress, "Algorithm 3")
+    tests = []
+    for (L, N), group in means.groupby(["L", "N"], sort=True):
+        result = ks_2samp(group["distance"].to_numpy(), group["expectation"].to_numpy())
+        tests.append({"L": L, "N": N, "statistic": result.statistic, "pvalue": result.pvalue,
+                      "reject": bool(result.pvalue <= alpha)})
+    tests = pd.DataFrame(tests)
+    summary = []
+    for L, group in tests.groupby("L", sort=True):
+        accepted = group.loc[~group["reject"], "N"]
+        crit = int(accepted.iloc[0]) if len(accepted) else -1
+        summary.append({"L": L, "critical_n": crit, "critical_fraction": crit / L if crit > 0 else np.nan})
+    return CriticalN(tests, pd.DataFrame(summary))
+
+
+# --- Algorithm 4: separability --------------------------------------------------------------------------
+
+
+def separability_vs_n(weights, x, Ns=(1, 2, 4, 8, 16, 32, 64, 100), M: float = 1.0, L: int | None = None,
+                      mask=None, progress: bool = True) -> pd.DataFrame:
+    """Algorithm 4 (Fig. 3): separability N_s / N and the bounds of Theorem 2, for growing N.
+
+    Per layer the head's vectors (first L keys) are projected onto the sphere of radius M
+    (Assumption 1) and delta is their minimum pairwise distance (Assumption 2, per head). Per row:
+    r = min_{i not in I_N} ||s - alpha_i x_i|| and N_s / N from ``metrics.separability`` (strict count,
+    see there); lower and upper bounds from ``theory.theorem2_bounds``. Columns: layer, head, L, N,
+    ``separability``, ``lower``, ``upper`` (means over valid rows; rows with r = 0 have no bounds and
+    are left out of those two means), ``delta``.
+    """
+    weights = _attention("weights", weights)
+    x = _vectors(x, weights)
+    M = check_positive("M", M)
+    L = _length(L, weights)
+    Ns = _grid("N", Ns, low=1, high=L - 1)
+    visible_all = _mask(mask, weights)
+    frames = []
+    for layer in tqdm(range(weights.shape[0]), desc="Algorithm 4", disable=not progress):
+        w, xs = _layer(weights, x, layer, L)
+        xs = metrics._project(xs, M)
+        delta = metrics.min_pairwise_distance(xs)
+        visible = visible_all[layer, :, :L, :L]
+        for N in Ns:
+            acc = _RowMeans(w.shape[0], ("separability", "lower", "upper"))
+            for rows, k in metrics._row_blocks(visible):
+                if k <= N:
+                    continue
+                wb, vb, xb = w[:, rows, :k], visible[:, rows, :k], xs[:, :k]
+                selected, valid = metrics._top_n(wb, vb, N)
+                ratio, r = metrics._separability(wb, xb, selected, vb, valid, N)
+                acc.add("separability", ratio, valid)
+                usable = valid & (r > 0)
+                r = torch.where(usable, r, 1.0)  # invalid rows: any radius > 0, their bounds are discarded
+                lower, upper = theory.theorem2_bounds(wb, selected, r, M, delta.unsqueeze(-1))
+                acc.add("lower", lower, usable)
+                acc.add("upper", upper, usable)
+            frames.append(_frame(layer, {"L": L, "N": N}, {**acc.means(), "delta": delta}))
+    return _concat(frames, ["N"])
+
+
+# --- Algorithm 5: gradient sensitivity ---------------------------------------------------------------
+
+
+def gradient_sensitivity(logits, Ts, epsilons=(1e-3, 1e-1, 10), mask=None, seed: int = 0,
+                         progress: bool = True) -> GradientSensitivity:
+    """Algorithm 5 (Fig. 4): the finite-difference Jacobian norm g(T, eps), NOTES §3.4.
+
+    Per row t, g_t = ||softmax((l_t + eps v_t) / T) - softmax(l_t / T)|| / eps over the visible keys,
+    with one random unit direction v_t per row (seeded by ``seed``) shared by every (T, eps): common
+    random numbers, so the curves differ only through T and eps. The per-head value is the mean over
+    all rows that see at least one key (row 0 of a causal mask has g = 0 and counts, as in the paper's
+    average over t = 1..L). The logit scale (raw q.k, or the model's q.k / sqrt(d_head), ...) is the
+    caller's convention: T multiplies whatever is passed.
+
+    Returns ``GradientSensitivity(heads, summary)``: ``heads`` has columns T, eps, layer, head, g;
+    ``summary`` has T, eps, g (the max over layers and heads, the paper's g(T, eps)),
+    ``corollary3_bound`` (the paper's min{1/(4T), sqrt 2}) and ``finite_difference_bound`` (a valid
+    bound on g, ``theory.finite_difference_bound``).
+    """
+    logits = _attention("logits", logits)
+    Ts = [check_positive("T", T) for T in Ts]
+    epsilons = [check_positive("eps", eps) for eps in epsilons]
+    if not Ts or not epsilons:
+        raise ValueError("Ts and epsilons must each hold at least one value")
+    seed = check_int("seed", seed, low=0)
+    visible_all = _mask(mask, logits)
+    generator = torch.Generator().manual_seed(seed)
+    frames = []
+    for layer in tqdm(range(logits.shape[0]), desc="Algorithm 5", disable=not progress):
+        l, visible = logits[layer].to(torch.float64), visible_all[layer]
+        if not (torch.isfinite(l) | ~visible).all():
+            raise ValueError("logits must be finite at visible keys (NaN or inf found)")
+        v = metrics._directions(visible, generator)
+        g = metrics._fd_gradients(l, v, visible, Ts, epsilons)
+        seen = visible.any(-1)
+        means = torch.where(seen, g, 0.0).sum(-1) / seen.sum(-1)
+        for a, T in enumerate(Ts):
+            for b, eps in enumerate(epsilons):
+                frames.append(_frame(layer, {"T": T, "eps": eps}, {"g": means[a, b]}))
+    heads = _concat(frames, ["T", "eps"])
+    summary = heads.groupby(["T", "eps"], sort=True, as_index=False)["g"].max()
+    summary["corollary3_bound"] = [theory.corollary3_bound(T) for T in summary["T"]]
+    summary["finite_difference_bound"] = [theory.finite_difference_bound(T, e) for T, e in zip(summary["T"], summary["eps"])]
+    return GradientSensitivity(heads, summary)

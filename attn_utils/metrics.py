@@ -1,0 +1,368 @@
+"""Per-row measured quantities of arXiv 2508.17821: top-N set, context vector, distances, separability, g.
+
+Layout: attention weights ``(..., R, L)`` (row r = one query, L keys), vectors ``(..., L, d)`` (the x_i;
+by project policy the per-head value vectors), a boolean ``mask`` broadcastable to the weights
+(``True`` = key visible). Every leading dim is a batch dim (layers, heads, ...) and must broadcast
+between weights and vectors. A row's length L_r is its number of visible keys. All arithmetic is in
+float64 whatever the input dtype. Tags such as [INFERRED] refer to ``paper/NOTES.md``.
+
+Conventions of this module (ours; the paper does not fix them):
+
+* **Tie-breaking.** Among equal weights the key with the lowest index enters the top-N set first, so
+  the selection is a deterministic function of the weights.
+* **Row skipping.** A row with L_r <= N has no non-selected key; it is *invalid* for top-N metrics.
+  ``top_n_mask`` reports validity; functions that take ``N`` return NaN on invalid rows.
+* **Separability** counts a selected point as distinguishable when it is *strictly* closer to s than
+  every non-selected point (see :func:`separability`).
+
+The public functions validate their input and raise ``ValueError`` naming the parameter. The
+underscore functions skip validation; ``attn_utils.experiments`` validates once per layer and calls them.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from attn_utils.theory import SUM_ATOL
+from attn_utils.validation import as_tensor, check_choice, check_int, check_positive, check_rows_sum_to_one
+
+__all__ = [
+    "context_vector",
+    "cumulative_distance",
+    "entropy",
+    "expected_distance_mc",
+    "finite_difference_gradient",
+    "max_weight",
+    "min_pairwise_distance",
+    "project_to_sphere",
+    "random_directions",
+    "separability",
+    "top_n_mask",
+]
+
+READINGS = ("sum_of_norms", "norm_of_sum")
+
+# Temporaries of one row block hold about this many float64 numbers (8 MB each).
+_BLOCK_ELEMENTS = 1 << 20
+# The Gram form of ||a - s||^2 has rounding error <~ (d + 3) eps (||a||^2 + ||s||^2). Where the result is
+# >= _CANCELLATION * ||s||^2 that is <~ 300 (d + 3) eps relative (1e-12 for d = 64, float64); smaller
+# entries (a close to s) are recomputed as direct differences.
+_CANCELLATION = 1e-2
+
+
+# --- validation -------------------------------------------------------------------------------------
+
+
+def _weights(weights) -> torch.Tensor:
+    """Float64 weights whose rows sum to one within SUM_ATOL (shared with theory; float32 attention passes)."""
+    w = as_tensor("weights", weights)
+    if w.ndim < 2 or not w.is_floating_point():
+        raise ValueError(f"weights must be a float tensor of shape (..., R, L), got shape {tuple(w.shape)}")
+    return check_rows_sum_to_one("weights", w.to(torch.float64), atol=SUM_ATOL)
+
+
+def _with_vectors(w: torch.Tensor, x) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate the vectors x (..., L, d); return the weights broadcast (as a view) to the common
+    leading dims, and x in float64."""
+    x = as_tensor("x", x)
+    if x.ndim < 2 or not x.is_floating_point() or x.shape[-2] != w.shape[-1]:
+        raise ValueError(
+            f"x must be a float tensor of shape (..., L, d) with L = {w.shape[-1]} keys "
+            f"(the last axis of weights), got shape {tuple(x.shape)}"
+        )
+    if not torch.isfinite(x).all():
+        raise ValueError("x must contain only finite numbers (found NaN or inf)")
+    try:
+        lead = torch.broadcast_shapes(x.shape[:-2], w.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            f"the leading dims of x {tuple(x.shape[:-2])} and weights {tuple(w.shape[:-2])} do not broadcast"
+        ) from None
+    return w.expand(*lead, *w.shape[-2:]), x.to(torch.float64)
+
+
+def _bool_like(name: str, value, shape: torch.Size) -> torch.Tensor:
+    """A boolean tensor broadcast (as a view) to ``shape``."""
+    t = as_tensor(name, value)
+    if t.dtype != torch.bool:
+        raise ValueError(f"{name} must be a boolean tensor, got dtype {t.dtype}")
+    try:
+        return t.expand(shape)
+    except RuntimeError:
+        raise ValueError(f"{name} of shape {tuple(t.shape)} does not broadcast to weights {tuple(shape)}") from None
+
+
+def _visible(mask, shape: torch.Size) -> torch.Tensor:
+    """The mask as a view of ``shape``; None means every key is visible."""
+    if mask is None:
+        return torch.ones((), dtype=torch.bool).expand(shape)
+    return _bool_like("mask", mask, shape)
+
+
+def _top_n_count(N, weights: torch.Tensor) -> int:
+    L = weights.shape[-1]
+    return check_int("N", N, low=1, high=L - 1)
+
+
+# --- shared kernels (no validation) -----------------------------------------------------------------
+
+
+def _row_blocks(visible: torch.Tensor):
+    """Yield ``(rows, k)``: row slices sized so that a block's temporaries hold about _BLOCK_ELEMENTS
+    numbers, and k = 1 + the last key that any row of the block sees (keys beyond are never needed;
+    for a causal mask this halves the work)."""
+    *lead, R, L = visible.shape
+    step = max(1, _BLOCK_ELEMENTS // (math.prod(lead) * L))
+    for r0 in range(0, R, step):
+        rows = slice(r0, min(R, r0 + step))
+        seen = visible[..., rows, :].reshape(-1, L).any(0).nonzero()
+        yield rows, (int(seen[-1]) + 1 if len(seen) else 1)
+
+
+def _context(w: torch.Tensor, x: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:
+    """s = sum_{i in I_N} alpha_i x_i for every row."""
+    return torch.where(selected, w, 0.0) @ x
+
+
+def _key_distances(w: torch.Tensor, x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """||alpha_i x_i - s_r|| for every row r and key i, shape (..., R, L).
+
+    Gram form ||a - s||^2 = alpha_i (alpha_i ||x_i||^2 - 2 <x_i, s>) + ||s||^2 with <x_i, s> from one
+    matmul. Its rounding error is about d * eps * (||a||^2 + ||s||^2); where the result is below
+    _CANCELLATION * ||s||^2 (a close to s) the entry is recomputed as a direct difference. That also
+    catches every negative rounding result (if ||s|| = 0 the formula is alpha_i^2 ||x_i||^2 >= 0), so no clamp.
+    """
+    x2 = x.square().sum(-1).unsqueeze(-2)
+    s2 = s.square().sum(-1, keepdim=True)
+    sq = torch.addcmul(s2, w, torch.addcmul(s @ x.mT, w, x2, value=-0.5), value=-2.0)
+    close = sq < _CANCELLATION * s2
+    if close.any():
+        *lead, r, i = close.nonzero(as_tuple=True)
+        xb = x.expand(*w.shape[:-2], *x.shape[-2:])
+        diff = w[close].unsqueeze(-1) * xb[(*lead, i)] - s[(*lead, r)]
+        sq[close] = diff.square().sum(-1)
+    return sq.sqrt_()
+
+
+def _lengths(visible: torch.Tensor) -> torch.Tensor:
+    """L_r, the number of visible keys of each row."""
+    return visible.sum(-1)
+
+
+def _top_n(w: torch.Tensor, visible: torch.Tensor, N: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-N set among visible keys (lowest index first among ties) and the rows with L_r > N."""
+    scores = w.masked_fill(~visible, -torch.inf)
+    threshold = torch.topk(scores, N, dim=-1).values[..., -1:]
+    selected = scores >= threshold
+    valid = _lengths(visible) > N
+    tied = valid & (selected.sum(-1) > N)
+    if tied.any():  # equal weights straddle the threshold: keep the lowest indices
+        above, at = scores[tied] > threshold[tied], scores[tied] == threshold[tied]
+        need = N - above.sum(-1, keepdim=True)
+        selected[tied] = above | (at & (at.cumsum(-1) <= need))
+    return selected & visible, valid
+
+
+def _cumulative_distance(w, x, selected, visible, reading: str) -> torch.Tensor:
+    out = w.new_empty(w.shape[:-1])
+    for rows, k in _row_blocks(visible):
+        wb, sel, vis, xb = w[..., rows, :k], selected[..., rows, :k], visible[..., rows, :k], x[..., :k, :]
+        s = _context(wb, xb, sel)
+        outside = vis & ~sel
+        if reading == "sum_of_norms":
+            out[..., rows] = torch.where(outside, _key_distances(wb, xb, s), 0.0).sum(-1)
+        else:
+            total = (wb * outside) @ xb - outside.sum(-1, keepdim=True) * s
+            out[..., rows] = torch.linalg.vector_norm(total, dim=-1)
+    return out
+
+
+def _separability(w, x, selected, visible, valid, N: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ratio, radius = w.new_empty(w.shape[:-1]), w.new_empty(w.shape[:-1])
+    for rows, k in _row_blocks(visible):
+        wb, sel, vis, xb = w[..., rows, :k], selected[..., rows, :k], visible[..., rows, :k], x[..., :k, :]
+        dist = _key_distances(wb, xb, _context(wb, xb, sel))
+        r = torch.where(vis & ~sel, dist, torch.inf).amin(-1)
+        ratio[..., rows] = ((dist < r.unsqueeze(-1)) & sel).sum(-1, dtype=torch.float64) / N
+        radius[..., rows] = r
+    return ratio.masked_fill(~valid, torch.nan), radius.masked_fill(~valid, torch.nan)
+
+
+def _project(x: torch.Tensor, M: float) -> torch.Tensor:
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    return M * x / torch.where(norm > 0, norm, 1.0)
+
+
+def _directions(visible: torch.Tensor, generator) -> torch.Tensor:
+    z = torch.randn(visible.shape, generator=generator, dtype=torch.float64) * visible
+    return z / torch.linalg.vector_norm(z, dim=-1, keepdim=True)
+
+
+def _fd_gradients(logits, v, visible, Ts, epsilons) -> torch.Tensor:
+    """g for every (T, eps) pair, shape (len(Ts), len(epsilons), ..., R).
+
+    (l + eps v) / T = z + (eps / T) v with z = l / T, whose softmax is shared by all eps; masked
+    logits are -inf and v is 0 there, so they stay -inf.
+    """
+    out = logits.new_empty((len(Ts), len(epsilons), *logits.shape[:-1]))
+    for rows, k in _row_blocks(visible):
+        lb = logits[..., rows, :k].masked_fill(~visible[..., rows, :k], -torch.inf)
+        vb = v[..., rows, :k]
+        for a, T in enumerate(Ts):
+            z = lb / T
+            base = torch.softmax(z, dim=-1)
+            for b, eps in enumerate(epsilons):
+                moved = torch.softmax(torch.add(z, vb, alpha=eps / T), dim=-1)
+                out[a, b, ..., rows] = torch.linalg.vector_norm(moved.sub_(base), dim=-1) / eps
+    return out
+
+
+# --- public API -------------------------------------------------------------------------------------
+
+
+def top_n_mask(weights, N: int, mask=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top-N set I_N of each row (NOTES §1.3, [SOURCE: FT]) and the rows where it is meaningful.
+
+    Returns ``(selected, valid_rows)``: ``selected`` (..., R, L) is True at the N largest weights among
+    the visible keys, ties broken by the lowest key index (ours); ``valid_rows`` (..., R) is L_r > N.
+    On an invalid row (L_r <= N) ``selected`` holds all of its visible keys.
+    """
+    w = _weights(weights)
+    N = _top_n_count(N, w)
+    return _top_n(w, _visible(mask, w.shape), N)
+
+
+def context_vector(weights, x, selected) -> torch.Tensor:
+    """s = sum_{i in I_N} alpha_i x_i (NOTES §1.3, [SOURCE: ML-en/ML-zh]), shape (..., R, d)."""
+    w, xs = _with_vectors(_weights(weights), x)
+    return _context(w, xs, _bool_like("selected", selected, w.shape))
+
+
+def cumulative_distance(weights, x, selected, mask=None, reading: str = "sum_of_norms") -> torch.Tensor:
+    """The cumulative distance d-tilde of Eq. (7) for each row, shape (..., R).
+
+    ``reading="sum_of_norms"`` (default, our reconstruction, NOTES §2 [INFERRED]):
+        d = sum_{i visible, i not in I_N} ||alpha_i x_i - s||.
+    ``reading="norm_of_sum"`` (the alternative of NOTES §2 [INFERRED]):
+        d = ||sum_{i visible, i not in I_N} (alpha_i x_i - s)||.
+    ``selected`` must lie inside the mask. A row without non-selected visible keys gives 0.
+    """
+    w, xs = _with_vectors(_weights(weights), x)
+    visible = _visible(mask, w.shape)
+    selected = _bool_like("selected", selected, w.shape)
+    if (selected & ~visible).any():
+        raise ValueError("selected must lie inside mask: a selected key is not visible")
+    check_choice("reading", reading, READINGS)
+    return _cumulative_distance(w, xs, selected, visible, reading)
+
+
+def expected_distance_mc(weights, x, N: int, mask=None, n_samples: int = 256, generator=None,
+                         reading: str = "sum_of_norms") -> torch.Tensor:
+    """Monte-Carlo estimate of E_{I_N ~ U}[d-tilde] (Eq. (8), NOTES §2 "random selection"), shape (..., R).
+
+    Each sample draws, independently per row, a uniformly random N-subset of the visible keys (the N
+    largest of i.i.d. uniform scores) and evaluates d-tilde with the row's own weights on that subset.
+    Invalid rows (L_r <= N) are NaN. ``generator`` (a ``torch.Generator``) makes the draw reproducible.
+    """
+    w, xs = _with_vectors(_weights(weights), x)
+    N = _top_n_count(N, w)
+    n_samples = check_int("n_samples", n_samples, low=1)
+    check_choice("reading", reading, READINGS)
+    visible = _visible(mask, w.shape)
+    total = torch.zeros(w.shape[:-1], dtype=torch.float64)
+    for _ in range(n_samples):
+        scores = torch.rand(w.shape, generator=generator, dtype=torch.float64).masked_fill_(~visible, -1.0)
+        subset = torch.zeros(w.shape, dtype=torch.bool).scatter_(-1, torch.topk(scores, N, dim=-1).indices, True)
+        total += _cumulative_distance(w, xs, subset & visible, visible, reading)
+    return (total / n_samples).masked_fill_(_lengths(visible) <= N, torch.nan)
+
+
+def project_to_sphere(x, M: float = 1.0) -> torch.Tensor:
+    """x_i -> M x_i / ||x_i||, the projection onto the sphere of radius M (Assumption 1, Algorithm 4).
+
+    A zero vector stays zero (it has no direction).
+    """
+    M = check_positive("M", M)
+    x = as_tensor("x", x)
+    if x.ndim < 1 or not x.is_floating_point() or not torch.isfinite(x).all():
+        raise ValueError(f"x must be a finite float tensor of shape (..., d), got shape {tuple(x.shape)}")
+    return _project(x.to(torch.float64), M)
+
+
+def separability(weights, x, N: int, mask=None, M: float = 1.0,
+                 normalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Separability ratio N_s / N of Definition (10) and the radius r, per row (Algorithm 4).
+
+    With ``normalize`` the x_i are first projected onto the sphere of radius M (Assumption 1).
+    r = min_{i visible, i not in I_N} ||s - alpha_i x_i|| (the paper's choice, [SOURCE: FT Alg. 4]) and
+        N_s = #{i in I_N : ||alpha_i x_i - s|| < r}.
+    Strict "<" is our reading: with this r the nearest non-selected point lies on the boundary of the
+    closed ball B_r(s), so the paper's condition "alpha_j x_j not in B_r(s) for all j not in I_N" holds
+    only for the open ball; a selected point counts when it is strictly closer to s than every
+    non-selected point. Returns ``(ratio, r)``, both NaN on invalid rows (L_r <= N).
+    """
+    w, xs = _with_vectors(_weights(weights), x)
+    N = _top_n_count(N, w)
+    M = check_positive("M", M)
+    visible = _visible(mask, w.shape)
+    if normalize:
+        xs = _project(xs, M)
+    selected, valid = _top_n(w, visible, N)
+    return _separability(w, xs, selected, visible, valid, N)
+
+
+def min_pairwise_distance(x) -> torch.Tensor:
+    """delta = min_{i != j} ||x_i - x_j|| over the L vectors of x (..., L, d), shape (...).
+
+    Assumption 2 with "delta set to the empirical minimum pairwise distance" ([SOURCE: FT]). Computed
+    from direct differences (no Gram shortcut), so nearly equal vectors keep full precision.
+    """
+    x = as_tensor("x", x)
+    if x.ndim < 2 or x.shape[-2] < 2 or not x.is_floating_point() or not torch.isfinite(x).all():
+        raise ValueError(f"x must be a finite float tensor of shape (..., L, d) with L >= 2, got {tuple(x.shape)}")
+    x = x.to(torch.float64)
+    dist = torch.cdist(x, x, compute_mode="donot_use_mm_for_euclid_dist")
+    dist.diagonal(dim1=-2, dim2=-1).fill_(torch.inf)
+    return dist.amin((-2, -1))
+
+
+def random_directions(mask, generator=None) -> torch.Tensor:
+    """Independent unit vectors v_r, uniform on the sphere of each row's visible coordinates (Alg. 5).
+
+    Normalised Gaussian draws; masked coordinates are 0. ``mask`` is a boolean (..., R, L) tensor; a
+    row without visible keys is NaN.
+    """
+    visible = as_tensor("mask", mask)
+    if visible.dtype != torch.bool or visible.ndim < 1:
+        raise ValueError(f"mask must be a boolean tensor of shape (..., R, L), got {visible.dtype}")
+    return _directions(visible, generator)
+
+
+def finite_difference_gradient(logits, T: float, eps: float, mask=None, generator=None) -> torch.Tensor:
+    """g_r = ||softmax((l_r + eps v_r) / T) - softmax(l_r / T)|| / eps per row (Algorithm 5, NOTES §3.4).
+
+    l_r is row r of ``logits`` (..., R, L), softmax runs over the visible keys only, and v_r comes from
+    :func:`random_directions` with ``generator``. Rows without visible keys are NaN. The logit scale
+    (raw q.k or the model's q.k / sqrt(d)) is whatever the caller passes.
+    """
+    l = as_tensor("logits", logits)
+    if l.ndim < 1 or not l.is_floating_point():
+        raise ValueError(f"logits must be a float tensor of shape (..., R, L), got shape {tuple(l.shape)}")
+    T, eps = check_positive("T", T), check_positive("eps", eps)
+    visible = _visible(mask, l.shape)
+    if not (torch.isfinite(l) | ~visible).all():
+        raise ValueError("logits must be finite at visible keys (NaN or inf found)")
+    l = l.to(torch.float64)
+    return _fd_gradients(l, _directions(visible, generator), visible, [T], [eps])[0, 0]
+
+
+def entropy(weights) -> torch.Tensor:
+    """Shannon entropy -sum_i alpha_i log alpha_i of each row (natural log, 0 log 0 = 0), shape (..., R)."""
+    w = _weights(weights)
+    return -torch.special.xlogy(w, w).sum(-1)
+
+
+def max_weight(weights) -> torch.Tensor:
+    """max_i alpha_i of each row, shape (..., R)."""
+    return _weights(weights).amax(-1)

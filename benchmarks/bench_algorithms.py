@@ -1,0 +1,186 @@
+"""Benchmark of the paper's Algorithms 1-5 (attn_utils.experiments) on GPT-2 small's shape.
+
+Random causal attention of GPT-2 small's shape (12 layers, 12 heads, L = 1024, head dim 64; seeded
+N(0, 1) logits -> causal softmax, stored in float32) runs through the paper's grids. One run reports:
+
+* the full-grid time of each algorithm: wall clock, CPU time of the process, and the CPU time spent
+  inside ``attn_utils.theory`` (the bounds, which the experiments call);
+* the same three numbers for the vectorised code and for the loop reference (``tests/reference.py``,
+  which calls the theory functions one row at a time) on one subset (layer 0, heads 0-1, L = 256, the
+  grids cut to L), and the reference / vectorised ratio of CPU times, in all and without theory;
+* the peak resident memory of the process (``resource.getrusage``).
+
+CPU times are reported because a shared machine inflates wall times. Usage:
+``python benchmarks/bench_algorithms.py [--threads K] [--subset-only]``. Prints a table and writes
+``benchmarks/results/bench_algorithms.json``. Targets: full grid < 2 min on 2 cores, peak < 4 GB,
+reference / vectorised >= 100.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+import reference as ref  # noqa: E402
+
+from attn_utils import experiments, metrics, theory  # noqa: E402
+
+SHAPE = dict(layers=12, heads=12, L=1024, d=64)
+GRIDS = dict(
+    alg1=dict(N=5, lengths=(32, 64, 128, 256, 512, 1024)),
+    alg2=dict(Ns=(1, 5, 10, 20, 100)),
+    alg3=dict(lengths=(32, 64, 128, 256, 512, 1024), Ns=(1, 2, 4, 8, 16, 32, 64), alpha=0.01),
+    alg4=dict(Ns=(1, 2, 4, 8, 16, 32, 64, 100)),
+    alg5=dict(Ts=tuple(float(t) for t in np.logspace(-3, 2, 12)), epsilons=(1e-3, 1e-1, 10.0)),
+)
+SUBSET = dict(layers=1, heads=2, L=256)
+THEORY_FUNCTIONS = ("theorem1_fixed_bound", "theorem1_random_main_sum", "theorem2_bounds")
+
+
+def random_attention(layers, heads, L, d, seed=0):
+    """Seeded N(0, 1) logits, their causal softmax (computed in float64 per layer) and N(0, 1) vectors,
+    all stored in float32."""
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.ones(L, L, dtype=torch.bool).tril()
+    logits = torch.randn(layers, heads, L, L, generator=g, dtype=torch.float32)
+    weights = torch.empty_like(logits)
+    for layer in range(layers):
+        weights[layer] = torch.softmax(logits[layer].double().masked_fill(~mask, -torch.inf), -1)
+    return weights, torch.randn(layers, heads, L, d, generator=g, dtype=torch.float32), logits
+
+
+@contextmanager
+def theory_timer(totals: dict):
+    """Add the CPU seconds spent inside the theory functions that the algorithms call to totals["theory"]."""
+    originals = {name: getattr(theory, name) for name in THEORY_FUNCTIONS}
+
+    def timed(fn):
+        def wrapper(*args, **kwargs):
+            start = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                totals["theory"] += time.process_time() - start
+        return wrapper
+
+    for name, fn in originals.items():
+        setattr(theory, name, timed(fn))
+    try:
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(theory, name, fn)
+
+
+def measure(runs: dict, announce: bool = False) -> dict:
+    """Per run: wall seconds, CPU seconds of this process, and CPU seconds inside ``attn_utils.theory``."""
+    out = {}
+    for name, fn in runs.items():
+        totals = {"theory": 0.0}
+        wall, cpu = time.perf_counter(), time.process_time()
+        with theory_timer(totals):
+            fn()
+        out[name] = {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu, "theory_cpu": totals["theory"]}
+        if announce:
+            print(f"{name}: {out[name]['wall']:.1f} s", flush=True)
+    return out
+
+
+def vectorised_runs(weights, x, logits, L):
+    """The five algorithms with the paper's grids cut to L keys."""
+    g1, g3 = GRIDS["alg1"], GRIDS["alg3"]
+    return {
+        "alg1": lambda: experiments.distance_vs_length(
+            weights, x, g1["N"], [n for n in g1["lengths"] if n <= L], progress=False),
+        "alg2": lambda: experiments.distance_vs_n(weights, x, GRIDS["alg2"]["Ns"], progress=False),
+        "alg3": lambda: experiments.critical_n(
+            weights, x, [n for n in g3["lengths"] if n <= L], g3["Ns"], g3["alpha"], progress=False),
+        "alg4": lambda: experiments.separability_vs_n(weights, x, GRIDS["alg4"]["Ns"], progress=False),
+        "alg5": lambda: experiments.gradient_sensitivity(
+            logits, GRIDS["alg5"]["Ts"], GRIDS["alg5"]["epsilons"], progress=False),
+    }
+
+
+def reference_runs(weights, x, logits, L):
+    """The same five computations with the loop reference (row by row)."""
+    w, xs, lg = weights.double().numpy(), x.double().numpy(), logits.double()
+    g1, g3, g5 = GRIDS["alg1"], GRIDS["alg3"], GRIDS["alg5"]
+    layers, heads = w.shape[:2]
+
+    def directions():
+        generator = torch.Generator().manual_seed(0)
+        return torch.stack([metrics.random_directions(torch.ones(heads, L, L, dtype=torch.bool).tril(), generator)
+                            for _ in range(layers)])
+
+    return {
+        "alg1": lambda: ref.distance_table(w, xs, [(n, g1["N"]) for n in g1["lengths"] if n <= L]),
+        "alg2": lambda: ref.distance_table(w, xs, [(L, n) for n in GRIDS["alg2"]["Ns"]]),
+        "alg3": lambda: ref.critical_n(w, xs, [n for n in g3["lengths"] if n <= L], g3["Ns"], g3["alpha"]),
+        "alg4": lambda: ref.separability_table(w, xs, GRIDS["alg4"]["Ns"]),
+        "alg5": lambda: ref.gradient_table(lg.numpy(), directions().numpy(), g5["Ts"], g5["epsilons"]),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch intra-op threads")
+    parser.add_argument("--subset-only", action="store_true", help="skip the full grid (a quick check)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()[0]
+
+    weights, x, logits = random_attention(**SHAPE)
+    L, layers, heads = SUBSET["L"], SUBSET["layers"], SUBSET["heads"]
+    sub = (weights[:layers, :heads, :L, :L], x[:layers, :heads, :L], logits[:layers, :heads, :L, :L])
+    measure(vectorised_runs(*sub, L))  # warm-up: first calls pay for lazy initialisation
+    subset_vec = measure(vectorised_runs(*sub, L))
+    subset_ref = measure(reference_runs(*sub, L))
+    full = {} if args.subset_only else measure(vectorised_runs(weights, x, logits, SHAPE["L"]), announce=True)
+    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    load_after = os.getloadavg()[0]
+
+    def total(results):
+        return {k: sum(r[k] for r in results.values()) for k in ("wall", "cpu", "theory_cpu")}
+
+    for results in (full, subset_vec, subset_ref):
+        if results:
+            results["total"] = total(results)
+    print(f"\nshape {SHAPE}, torch threads {args.threads}, load average {load_before:.2f} before, "
+          f"{load_after:.2f} after; times in s, CPU = CPU time of this process")
+    print(f"{'':<8}{'full grid':>26}{'subset: vectorised':>29}{'subset: loop reference':>29}{'ratio (CPU)':>16}")
+    print(f"{'':<8}" + f"{'wall':>9}{'CPU':>8}{'theory':>9}" * 3 + f"{'all':>8}{'no theory':>10}")
+    blank = {"wall": float("nan"), "cpu": float("nan"), "theory_cpu": float("nan")}
+    for name in subset_vec:
+        f, v, r = full.get(name, blank), subset_vec[name], subset_ref[name]
+        cells = [f, v, r]
+        line = "".join(f"{c['wall']:>9.1f}{c['cpu']:>8.1f}{c['theory_cpu']:>9.1f}" for c in cells)
+        own = (r["cpu"] - r["theory_cpu"]) / (v["cpu"] - v["theory_cpu"])
+        print(f"{name:<8}{line}{r['cpu'] / v['cpu']:>8.0f}{own:>10.0f}")
+    print(f"peak resident memory {peak_gb:.2f} GB")
+
+    out = ROOT / "benchmarks" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    result = {
+        "shape": SHAPE, "grids": GRIDS, "subset": SUBSET, "threads": args.threads, "torch": torch.__version__,
+        "machine": platform.platform(), "cpus": os.cpu_count(),
+        "load_average": {"before": load_before, "after": load_after},
+        "full_grid": full, "subset_vectorised": subset_vec, "subset_reference": subset_ref,
+        "peak_rss_gb": peak_gb,
+    }
+    (out / "bench_algorithms.json").write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

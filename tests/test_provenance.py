@@ -1,0 +1,66 @@
+import json
+import time
+
+import pytest
+
+from attn_utils.corpus import Corpus
+from attn_utils.provenance import Provenance, package_versions
+
+CORPUS = Corpus(name="War and Peace (Project Gutenberg #2600)", source="pg2600.txt", sha256="ab" * 32, text="...",
+                chapters=(1, 10), n_chapters=365)
+
+
+def _record(**kwargs):
+    fields = dict(model="gpt2-random", requested="gpt2-random", model_source="GPT2Config()",
+                  model_class="GPT2LMHeadModel", pretrained=False, weights_sha256="cd" * 32, tokenizer="GPT-2 BPE",
+                  architecture={"n_layers": 12, "n_heads": 12, "n_kv_heads": 12, "head_dim": 64,
+                                "context_length": 1024},
+                  dtype="float32", device="cpu", seed=0)
+    return Provenance(**{**fields, **kwargs})
+
+
+def test_package_versions_name_the_stack():
+    versions = package_versions()
+    assert {"python", "torch", "transformers", "numpy", "attn_utils"} <= set(versions)
+    assert versions["attn_utils"] != "not installed"
+
+
+def test_corpus_and_window_offsets_are_recorded():
+    prov = _record().add_corpus(CORPUS, L=1024, offset=100, n_windows=3)
+    assert (prov.corpus, prov.corpus_sha256, prov.chapters) == (CORPUS.name, CORPUS.sha256, (1, 10))
+    assert prov.L == 1024 and prov.window_offsets == (100, 1124, 2148)
+
+
+def test_wall_time_is_measured():
+    prov = _record()
+    with prov.timed():
+        time.sleep(0.05)
+    assert 0.04 <= prov.wall_time_s < 5 and prov.started_at.endswith("+00:00")
+    with pytest.raises(RuntimeError, match="before start"):
+        _record().finish()
+
+
+def test_to_dict_is_json_ready_and_complete():
+    prov = _record().add_corpus(CORPUS, L=8, n_windows=2)
+    prov.start().finish()
+    data = json.loads(json.dumps(prov.to_dict()))
+    for key in ("model", "weights_sha256", "tokenizer", "corpus", "corpus_sha256", "window_offsets", "versions",
+                "seed", "device", "wall_time_s"):
+        assert key in data
+    assert data["window_offsets"] == [0, 8] and data["chapters"] == [1, 10] and "_t0" not in data
+
+
+def test_markdown_table_shows_what_produced_the_result():
+    prov = _record(notes=["a note"]).add_corpus(CORPUS, L=1024, n_windows=10)
+    prov.start().finish()
+    table = prov.to_markdown()
+    lines = table.splitlines()
+    assert lines[:2] == ["| provenance | |", "|---|---|"] and all(line.count("|") == 3 for line in lines)
+    for text in ("gpt2-random", "12 layers x 12 heads", "random weights, not a pretrained model", "cdcdcdcdcdcdcdcd",
+                 "chapters 1-10", "abababababababab", "L = 1024, offsets 0, 1024, ..., 9216 (10 windows)",
+                 "| seed | 0 |", "cpu, float32", "torch ", "wall time", "| note | a note |"):
+        assert text in table
+    gqa = _record(model="smollm2-135m", requested="auto", pretrained=True,
+                  architecture={"n_layers": 30, "n_heads": 9, "n_kv_heads": 3, "head_dim": 64,
+                                "context_length": 8192}).to_markdown()
+    assert "smollm2-135m (requested: auto)" in gqa and "9 heads (3 kv)" in gqa and "not a pretrained" not in gqa
