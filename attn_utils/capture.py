@@ -6,8 +6,8 @@ passes ``attention_mask=None`` and the causal mask silently disappears). The fun
 attention, so the forward pass is unchanged, and hands each layer to a callback as it is computed.
 
 Conventions: ``logits = q @ k^T`` (raw, unscaled, computed in the model's dtype like the model does, then cast); the
-model computes ``softmax(logits * scaling + mask)``, so its temperature is ``T = 1 / scaling``. ``k`` and ``v`` are expanded to the query heads (grouped-query attention), and
-``q`` and ``k`` are taken after rotary embeddings.
+model computes ``softmax(logits * scaling + mask)``, so its temperature is ``T = 1 / scaling``. ``k`` and ``v`` are
+expanded to the query heads (grouped-query attention); ``q`` and ``k`` are taken after rotary embeddings.
 """
 from __future__ import annotations
 

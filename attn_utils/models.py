@@ -142,10 +142,10 @@ def _hub_folder(repo: str) -> Path:
             return folder
     except Exception:  # not cached (LocalEntryNotFoundError and friends)
         pass
-    todo = (f"Download it where the hub is reachable (e.g. `hf download {repo}`) and pass the folder, "
+    todo = (f"\nDownload it where the hub is reachable (e.g. `hf download {repo}`) and pass the folder, "
             "or use 'smollm2-135m' (embedded, works offline).")
     if _offline():
-        raise ModelUnavailable(f"{repo} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set. {todo}")
+        raise ModelUnavailable(f"{repo} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set{todo}")
     try:
         info = HfApi().model_info(repo, timeout=HUB_TIMEOUT_S)
     except RepositoryNotFoundError:
@@ -153,7 +153,7 @@ def _hub_folder(repo: str) -> Path:
                                f"{', '.join(KNOWN_MODELS)}") from None
     except Exception as err:
         raise ModelUnavailable(f"{repo} is not in the local Hugging Face cache and the hub could not be reached "
-                               f"within {HUB_TIMEOUT_S} s ({type(err).__name__}: {err}). {todo}") from None
+                               f"within {HUB_TIMEOUT_S} s ({type(err).__name__}: {err}){todo}") from None
     if not any(s.rfilename.endswith(".safetensors") for s in info.siblings or []):
         raise ValueError(f"{repo} has no safetensors weights on the hub; pickled weights (.bin) are refused")
     return Path(snapshot_download(repo, revision=info.sha, allow_patterns=_HUB_FILES, etag_timeout=HUB_TIMEOUT_S))

@@ -49,7 +49,8 @@ def test_missing_corpus_offline_says_what_to_do(monkeypatch, tmp_path):
     with pytest.raises(FileNotFoundError, match="ATTN_COMPANION_DATA") as err:
         load_text()
     assert time.perf_counter() - start < 5
-    assert "pg2600.txt" in str(err.value) and str(tmp_path) in str(err.value) and "network unreachable" in str(err.value)
+    message = str(err.value)
+    assert "pg2600.txt" in message and str(tmp_path) in message and "network unreachable" in message
 
 
 def test_download_lands_in_the_cache(seeded, monkeypatch, tmp_path):
