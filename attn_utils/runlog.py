@@ -42,19 +42,22 @@ def read(kind: str, folder: Path | None = None) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted(base.glob("*.json"))] if base.is_dir() else []
 
 
+def record_time(algorithm: str, seconds: float) -> None:
+    """Add ``seconds`` to the wall time recorded for ``algorithm`` in the current notebook (``timings/``)."""
+    key = f"{notebook()}--{algorithm}".replace(" ", "_")
+    previous = next((r for r in read("timings") if r["key"] == key), {"seconds": 0.0, "calls": 0})
+    write("timings", key, {"key": key, "algorithm": algorithm, "notebook": notebook(),
+                           "seconds": previous["seconds"] + seconds, "calls": previous["calls"] + 1})
+
+
 def timed(algorithm: str) -> Callable:
-    """Decorator: record the wall time of every call of an algorithm under ``timings/``."""
+    """Decorator: record the wall time of every call of a function that implements ``algorithm``."""
     def wrap(fn: Callable) -> Callable:
         @functools.wraps(fn)
         def inner(*args, **kwargs):
             start = time.perf_counter()
             result = fn(*args, **kwargs)
-            seconds = time.perf_counter() - start
-            key = f"{notebook()}--{fn.__name__}"
-            previous = next((r for r in read("timings") if r["key"] == key), {"seconds": 0.0, "calls": 0})
-            write("timings", key, {"key": key, "algorithm": algorithm, "function": fn.__name__,
-                                   "notebook": notebook(), "seconds": previous["seconds"] + seconds,
-                                   "calls": previous["calls"] + 1})
+            record_time(algorithm, time.perf_counter() - start)
             return result
         return inner
     return wrap
