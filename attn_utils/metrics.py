@@ -347,8 +347,9 @@ def finite_difference_gradient(logits, T: float, eps: float, mask=None, generato
     (raw q.k or the model's q.k / sqrt(d)) is whatever the caller passes.
     """
     l = as_tensor("logits", logits)
-    if l.ndim < 1 or not l.is_floating_point():
-        raise ValueError(f"logits must be a float tensor of shape (..., R, L), got shape {tuple(l.shape)}")
+    if l.ndim < 2 or not l.is_floating_point():
+        raise ValueError(f"logits must be a float tensor of shape (..., R, L) (one row: shape (1, L)), "
+                         f"got shape {tuple(l.shape)}")
     T, eps = check_positive("T", T), check_positive("eps", eps)
     visible = _visible(mask, l.shape)
     if not (torch.isfinite(l) | ~visible).all():

@@ -294,6 +294,7 @@ def test_random_directions_are_unit_vectors_on_visible_keys(data):
     (lambda w, x, m: metrics.finite_difference_gradient(w, -1.0, 0.1, m), "T"),
     (lambda w, x, m: metrics.finite_difference_gradient(w, 1.0, 0.0, m), "eps"),
     (lambda w, x, m: metrics.finite_difference_gradient(w.clone().fill_(torch.nan), 1.0, 0.1, m), "logits"),
+    (lambda w, x, m: metrics.finite_difference_gradient(w[0, 0, 0], 1.0, 0.1), "logits"),
     (lambda w, x, m: metrics.project_to_sphere(x, M=-1.0), "M"),
     (lambda w, x, m: metrics.min_pairwise_distance(x[..., :1, :]), "x"),
 ])
