@@ -653,16 +653,19 @@ def theorem2_bounds(weights, selected, r, M: float, delta: float) -> Bounds:
     """Theorem 2's lower and upper bounds on the separability fraction N_s / N, per row (...,).
 
     Reconstruction (ours) of Eq. (11) (NOTES §2, Theorem 2), with xi_i from ``theorem2_xi`` and
-    N_s = #{i in I : ||alpha_i x_i - s|| <= r}, r = min_{j not in I} ||s - alpha_j x_j|| (the caller's r):
+    N_s = #{i in I : ||alpha_i x_i - s|| < r}, r = min_{j not in I} ||s - alpha_j x_j|| (the caller's r;
+    the count is strict, as in ``metrics.separability``, because the nearest unselected point lies on
+    the boundary of the closed ball):
 
         lower = 1 - (1 / (N r)) sum_{i in I} xi_i,
         upper = (1 / N) sum_{i in I} exp(-(xi_i - r)_+^2 / (2 M^2)).
 
     Status. The **lower bound is proven**, deterministically for every row (so also for E[N_s] / N):
-    1{X_i > r} <= X_i / r <= xi_i / r, hence N_s / N = 1 - (1/N) sum_i 1{X_i > r} >= lower. It holds for
+    1{X_i >= r} <= X_i / r <= xi_i / r, hence N_s / N = 1 - (1/N) sum_i 1{X_i >= r} >= lower (the same
+    holds for the non-strict count, since 1{X_i > r} <= 1{X_i >= r}). It holds for
     any r > 0 and any non-negative weights; only the sphere and the separation delta are used. The
     **upper bound is heuristic and false in general**: its Hoeffding step treats xi_i as if it were the
-    mean of X_i, but xi_i is only an upper bound on X_i, and rows with X_i <= r < xi_i for every i
+    mean of X_i, but xi_i is only an upper bound on X_i, and rows with X_i < r < xi_i for every i
     have N_s / N = 1 > upper. ``theorem2_upper_counterexample`` gives such a row, and it also happens
     on i.i.d. uniform sphere embeddings (see the tests). A single row does not refute a statement about
     the average E[N_s] / N over uniform embeddings (in our Monte-Carlo runs the averages stayed below
