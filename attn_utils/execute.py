@@ -27,7 +27,6 @@ import yaml
 
 from .params import validate
 from . import runlog
-from .runlog import NOTEBOOK_ENV, RUN_DIR_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = ROOT / "notebooks"
@@ -100,7 +99,7 @@ def execute_notebook(src: Path, out: Path, parameters: dict[str, Any] | None = N
     out.parent.mkdir(parents=True, exist_ok=True)
     nb = jupytext.read(src)
     nb.metadata.setdefault("kernelspec", {"name": "python3", "display_name": "Python 3", "language": "python"})
-    env = {NOTEBOOK_ENV: src.stem, **({RUN_DIR_ENV: str(run_dir)} if run_dir is not None else {})}
+    env = {runlog.NOTEBOOK_ENV: src.stem, **({runlog.RUN_DIR_ENV: str(run_dir)} if run_dir is not None else {})}
     with tempfile.TemporaryDirectory() as tmp, _environment(env):
         nb_in = Path(tmp) / f"{src.stem}.ipynb"
         nbformat.write(nb, nb_in)

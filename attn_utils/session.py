@@ -93,7 +93,8 @@ class Session:
                       dtype: torch.dtype = torch.float64) -> LayerCapture:
         """One layer's capture as ``(1, heads, L, ...)`` tensors."""
         stacked = self.capture(layers=[layer], what=what, dtype=dtype)
-        fields = {f: getattr(stacked, f)[:1] for f in what}
+        # stacked tensors are (layers, ...); LayerCapture holds (batch, ...) and its mask is (batch, 1, L, L)
+        fields = {f: getattr(stacked, f)[:1, None] if f == "mask" else getattr(stacked, f)[:1] for f in what}
         return LayerCapture(layer=layer, scaling=float(stacked.scaling[0]), **fields)
 
     def vectors(self, captured: AttentionCapture, which: str = "value") -> torch.Tensor:
