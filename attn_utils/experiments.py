@@ -137,33 +137,48 @@ class _RowMeans:
 # --- Algorithms 1-3: distances ------------------------------------------------------------------------
 
 
-def _distance_means(w, xs, visible, N: int, reading: str, with_bound: bool) -> dict[str, torch.Tensor]:
-    """Per-head means over valid rows of d-tilde, the main sum E of Theorem 1 and (optionally) the
-    fixed-set bound of Theorem 1, for one layer (heads, R, L)."""
-    names = ("distance", "expectation", "bound") if with_bound else ("distance", "expectation")
-    acc = _RowMeans(w.shape[0], names)
+def _distance_means(w, xs, visible, Ns, reading: str, farthest) -> dict[int, dict[str, torch.Tensor]]:
+    """For each N of Ns: per-head means over valid rows of d-tilde, the main sum E of Theorem 1 and
+    (when ``farthest``, the lists of ``theory.farthest_keys(xs)``, are given) the fixed-set bound of
+    Theorem 1, for one layer (heads, R, L). The N-independent work is done once per block of rows."""
+    names = ("distance", "expectation") if farthest is None else ("distance", "expectation", "bound")
+    acc = {N: _RowMeans(w.shape[0], names) for N in Ns}
+    selected_all = {N: torch.zeros_like(visible) for N in Ns} if farthest is not None else {}
+    valid_all = {N: torch.zeros(visible.shape[:-1], dtype=torch.bool) for N in Ns}
     for rows, k in metrics._row_blocks(visible):
-        if k <= N:  # every row of the block sees <= N keys
+        live = [N for N in Ns if N < k]  # the others: every row of the block sees <= N keys
+        if not live:
             continue
         wb, vb, xb = w[:, rows, :k], visible[:, rows, :k], xs[:, :k]
-        selected, valid = metrics._top_n(wb, vb, N)
-        acc.add("distance", metrics._cumulative_distance(wb, xb, selected, vb, reading), valid)
-        acc.add("expectation", theory.theorem1_random_main_sum(wb, xb, N, vb), valid)
-        if with_bound:
-            acc.add("bound", theory.theorem1_fixed_bound(wb, xb, selected, vb), valid)
-    return acc.means()
+        _, xm, sq, mm = theory._mean_vector_terms(wb, xb)
+        for N, (selected, valid) in zip(live, metrics._top_ns(wb, vb, live)):
+            valid_all[N][:, rows] = valid
+            if farthest is not None:
+                selected_all[N][:, rows, :k] = selected
+            acc[N].add("distance", metrics._cumulative_distance(wb, xb, selected, vb, reading), valid)
+            acc[N].add("expectation", theory._main_sum(wb, vb, xm, sq, mm, N), valid)
+    for N, selected in selected_all.items():
+        if valid_all[N].any():
+            # rows that see <= N keys are left out of the means; select their visible keys so the call is valid
+            selected |= visible & ~valid_all[N].unsqueeze(-1)
+            acc[N].add("bound", theory.theorem1_fixed_bound(w, xs, selected, visible, farthest=farthest),
+                       valid_all[N])
+    return {N: a.means() for N, a in acc.items()}
 
 
 def _distance_table(weights, x, pairs, mask, reading, with_bound, progress, desc) -> pd.DataFrame:
     check_choice("reading", reading, metrics.READINGS)
     visible_all = _mask(mask, weights)
-    L_max = max(L for L, _ in pairs)
+    lengths = sorted({L for L, _ in pairs})
     frames = []
     for layer in tqdm(range(weights.shape[0]), desc=desc, disable=not progress):
-        w, xs = _layer(weights, x, layer, L_max)
-        for L, N in pairs:
-            means = _distance_means(w[:, :L, :L], xs[:, :L], visible_all[layer, :, :L, :L], N, reading, with_bound)
-            frames.append(_frame(layer, {"L": L, "N": N}, means))
+        w, xs = _layer(weights, x, layer, lengths[-1])
+        farthest = theory.farthest_keys(xs, prefixes=lengths) if with_bound else None
+        for L in lengths:
+            Ns = sorted(N for L_, N in pairs if L_ == L)
+            far = farthest.prefix(L) if with_bound else None
+            means = _distance_means(w[:, :L, :L], xs[:, :L], visible_all[layer, :, :L, :L], Ns, reading, far)
+            frames += [_frame(layer, {"L": L, "N": N}, means[N]) for N in Ns]
     return _concat(frames, ["L", "N"])
 
 
@@ -268,21 +283,21 @@ def separability_vs_n(weights, x, Ns=(1, 2, 4, 8, 16, 32, 64, 100), M: float = 1
         xs = metrics._project(xs, M)
         delta = metrics.min_pairwise_distance(xs)
         visible = visible_all[layer, :, :L, :L]
-        for N in Ns:
-            acc = _RowMeans(w.shape[0], ("separability", "lower", "upper"))
-            for rows, k in metrics._row_blocks(visible):
-                if k <= N:
-                    continue
-                wb, vb, xb = w[:, rows, :k], visible[:, rows, :k], xs[:, :k]
-                selected, valid = metrics._top_n(wb, vb, N)
+        acc = {N: _RowMeans(w.shape[0], ("separability", "lower", "upper")) for N in Ns}
+        for rows, k in metrics._row_blocks(visible):
+            live = [N for N in Ns if N < k]  # the others: every row of the block sees <= N keys
+            if not live:
+                continue
+            wb, vb, xb = w[:, rows, :k], visible[:, rows, :k], xs[:, :k]
+            for N, (selected, valid) in zip(live, metrics._top_ns(wb, vb, live)):
                 ratio, r = metrics._separability(wb, xb, selected, vb, valid, N)
-                acc.add("separability", ratio, valid)
+                acc[N].add("separability", ratio, valid)
                 usable = valid & (r > 0)
                 r = torch.where(usable, r, 1.0)  # invalid rows: any radius > 0, their bounds are discarded
                 lower, upper = theory.theorem2_bounds(wb, selected, r, M, delta.unsqueeze(-1))
-                acc.add("lower", lower, usable)
-                acc.add("upper", upper, usable)
-            frames.append(_frame(layer, {"L": L, "N": N}, {**acc.means(), "delta": delta}))
+                acc[N].add("lower", lower, usable)
+                acc[N].add("upper", upper, usable)
+        frames += [_frame(layer, {"L": L, "N": N}, {**acc[N].means(), "delta": delta}) for N in Ns]
     return _concat(frames, ["N"])
 
 

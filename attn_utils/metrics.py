@@ -150,18 +150,29 @@ def _lengths(visible: torch.Tensor) -> torch.Tensor:
     return visible.sum(-1)
 
 
+def _top_ns(w: torch.Tensor, visible: torch.Tensor, Ns) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """For each N of Ns (each <= L): the top-N set among visible keys (lowest index first among ties)
+    and the rows with L_r > N. One partial sort serves every N."""
+    scores = w.masked_fill(~visible, -torch.inf)
+    ranked = torch.topk(scores, max(Ns), dim=-1).values
+    lengths = _lengths(visible)
+    out = []
+    for N in Ns:
+        threshold = ranked[..., N - 1 : N]
+        selected = scores >= threshold
+        valid = lengths > N
+        tied = valid & (selected.sum(-1) > N)
+        if tied.any():  # equal weights straddle the threshold: keep the lowest indices
+            above, at = scores[tied] > threshold[tied], scores[tied] == threshold[tied]
+            need = N - above.sum(-1, keepdim=True)
+            selected[tied] = above | (at & (at.cumsum(-1) <= need))
+        out.append((selected & visible, valid))
+    return out
+
+
 def _top_n(w: torch.Tensor, visible: torch.Tensor, N: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-N set among visible keys (lowest index first among ties) and the rows with L_r > N."""
-    scores = w.masked_fill(~visible, -torch.inf)
-    threshold = torch.topk(scores, N, dim=-1).values[..., -1:]
-    selected = scores >= threshold
-    valid = _lengths(visible) > N
-    tied = valid & (selected.sum(-1) > N)
-    if tied.any():  # equal weights straddle the threshold: keep the lowest indices
-        above, at = scores[tied] > threshold[tied], scores[tied] == threshold[tied]
-        need = N - above.sum(-1, keepdim=True)
-        selected[tied] = above | (at & (at.cumsum(-1) <= need))
-    return selected & visible, valid
+    return _top_ns(w, visible, [N])[0]
 
 
 def _cumulative_distance(w, x, selected, visible, reading: str) -> torch.Tensor:
@@ -315,16 +326,25 @@ def separability(weights, x, N: int, mask=None, M: float = 1.0,
 def min_pairwise_distance(x) -> torch.Tensor:
     """delta = min_{i != j} ||x_i - x_j|| over the L vectors of x (..., L, d), shape (...).
 
-    Assumption 2 with "delta set to the empirical minimum pairwise distance" ([SOURCE: FT]). Computed
-    from direct differences (no Gram shortcut), so nearly equal vectors keep full precision.
+    Assumption 2 with "delta set to the empirical minimum pairwise distance" ([SOURCE: FT]). The Gram
+    form |x_i|^2 + |x_j|^2 - 2<x_i, x_j> only screens the pairs: its rounding error is below
+    2 (d + 2) eps max_i |x_i|^2, so every pair within four times that of the screened minimum is
+    recomputed from its direct difference, and nearly equal vectors keep full precision.
     """
     x = as_tensor("x", x)
     if x.ndim < 2 or x.shape[-2] < 2 or not x.is_floating_point() or not torch.isfinite(x).all():
         raise ValueError(f"x must be a finite float tensor of shape (..., L, d) with L >= 2, got {tuple(x.shape)}")
     x = x.to(torch.float64)
-    dist = torch.cdist(x, x, compute_mode="donot_use_mm_for_euclid_dist")
-    dist.diagonal(dim1=-2, dim2=-1).fill_(torch.inf)
-    return dist.amin((-2, -1))
+    lead, (L, d) = x.shape[:-2], x.shape[-2:]
+    x = x.reshape(-1, L, d)
+    sq = x.square().sum(-1)
+    gram = torch.baddbmm(sq.unsqueeze(-1) + sq.unsqueeze(-2), x, x.mT, alpha=-2)
+    gram.diagonal(dim1=-2, dim2=-1).fill_(torch.inf)
+    slack = 8 * (d + 2) * torch.finfo(torch.float64).eps * sq.amax(-1)
+    head, i, j = (gram <= (gram.amin((-2, -1)) + slack)[:, None, None]).nonzero(as_tuple=True)
+    exact = torch.linalg.vector_norm(x[head, i] - x[head, j], dim=-1)
+    out = torch.full((x.shape[0],), torch.inf, dtype=torch.float64).scatter_reduce_(0, head, exact, "amin")
+    return out.reshape(lead)
 
 
 def random_directions(mask, generator=None) -> torch.Tensor:

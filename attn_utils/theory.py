@@ -45,6 +45,7 @@ __all__ = [
     "Bounds",
     "Corollary2Bounds",
     "Corollary3Counterexample",
+    "FarthestKeys",
     "Lemma1Constants",
     "Theorem2Instance",
     "TwoLogitExample",
@@ -53,6 +54,7 @@ __all__ = [
     "corollary2_small_n_limit",
     "corollary3_bound",
     "corollary3_counterexample",
+    "farthest_keys",
     "finite_difference_bound",
     "general_jacobian",
     "heads_for_coverage",
@@ -258,6 +260,16 @@ def _sqrt0(t: torch.Tensor) -> torch.Tensor:
     return t.clamp_min(0).sqrt()
 
 
+def _compact(sel: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The indices of the (at most n) True entries of each row of ``sel`` (..., L), in increasing order,
+    as (..., n), padded with the row's first index; and which entries are real. O(L) per row."""
+    slot = torch.where(sel, sel.cumsum(-1) - 1, n)  # n: a scratch slot for the False entries
+    keys = torch.arange(sel.shape[-1]).expand(sel.shape)
+    idx = torch.zeros(*sel.shape[:-1], n + 1, dtype=torch.long).scatter_(-1, slot, keys)[..., :n]
+    real = torch.arange(n) < sel.sum(-1, keepdim=True)
+    return torch.where(real, idx, idx[..., :1]), real
+
+
 # --- Lemma 1 and Corollary 1 ------------------------------------------------------------------------
 
 
@@ -349,7 +361,121 @@ def corollary1_bounds(q, k, T: float, mask=None) -> Bounds:
 # --- Theorem 1: fixed top-N set ---------------------------------------------------------------------
 
 
-def theorem1_fixed_bound(weights, x, selected, mask=None) -> torch.Tensor:
+class FarthestKeys(NamedTuple):
+    """For each key j of each head, its farthest keys at several prefix sizes (see ``farthest_keys``).
+
+    ``levels[a]`` is a prefix size K_a (increasing, the last one is L); ``sq_distances[a]`` and
+    ``indices[a]`` have shape (B, K_a, m_a): for every key j < K_a the squared distances
+    ||x_i - x_j||^2 to its m_a = min(m, K_a) farthest keys i < K_a, largest first, and their indices.
+    ``batch`` is the leading shape of the x it was built from (flattened to B).
+    """
+
+    levels: tuple[int, ...]
+    sq_distances: tuple[torch.Tensor, ...]
+    indices: tuple[torch.Tensor, ...]
+    batch: torch.Size
+
+    def prefix(self, L: int) -> "FarthestKeys":
+        """The lists of the first L keys (L must be one of the levels): the levels up to L."""
+        if L not in self.levels:
+            raise ValueError(f"L must be one of the levels {self.levels} (see farthest_keys' prefixes), got {L}")
+        n = self.levels.index(L) + 1
+        return FarthestKeys(self.levels[:n], self.sq_distances[:n], self.indices[:n], self.batch)
+
+
+#: Farthest keys kept per key and prefix size by ``farthest_keys``.
+FARTHEST = 32
+
+
+def farthest_keys(x, m: int = FARTHEST, prefixes: Sequence[int] = ()) -> FarthestKeys:
+    """The m farthest keys of every key within the prefixes K = m, 2m, 4m, ..., L of x (..., L, d),
+    and within the extra prefix sizes ``prefixes`` (so that ``.prefix(K)`` serves the first K keys).
+
+    ``theorem1_fixed_bound`` reads d_1 = max_{j in I, i in U} ||x_i - x_j|| off these lists: for a
+    row whose visible keys lie in the prefix K_a, the farthest unselected visible key of j is the
+    first valid entry of j's list at level a, whenever the list has a valid entry (the keys left out
+    of the list are no farther than any key in it). Only the few (row, j) pairs whose list holds no
+    valid key are computed directly. With a causal mask at least half of a level's keys are visible
+    to the rows that use it, so such pairs are rare. Compute it once and pass it to every call of
+    ``theorem1_fixed_bound`` on the same x (e.g. for several N); it costs O(L^2 d) per head.
+    """
+    x = _float_tensor("x", x)
+    if x.ndim < 2:
+        raise ValueError(f"x must have shape (..., L, d), got {tuple(x.shape)}")
+    check_finite("x", x)
+    m = check_int("m", m, low=1)
+    L, d = x.shape[-2:]
+    flat = x.reshape(-1, L, d)
+    doubling = []
+    while not doubling or doubling[-1] < L:
+        doubling.append(min(L, m << len(doubling)))
+    levels = sorted({*doubling, *(check_int("prefixes", K, low=1, high=L) for K in prefixes)})
+    values = [[] for _ in levels]
+    indices = [[] for _ in levels]
+    step = max(1, CHUNK_ELEMENTS // (L * L))
+    for b in range(0, flat.shape[0], step):
+        xb = flat[b : b + step]
+        sq = (xb * xb).sum(-1)
+        d2 = torch.baddbmm(sq.unsqueeze(-1) + sq.unsqueeze(-2), xb, xb.mT, alpha=-2).clamp_min_(0)
+        for a, K in enumerate(levels):
+            v, i = d2[:, :K, :K].topk(min(m, K), dim=-1)
+            values[a].append(v)
+            indices[a].append(i)
+    return FarthestKeys(tuple(levels), tuple(torch.cat(v) for v in values), tuple(torch.cat(i) for i in indices),
+                        x.shape[:-2])
+
+
+def _farthest_for(farthest: FarthestKeys | None, rows: "_Rows") -> FarthestKeys:
+    """``farthest`` checked against (or, when None, computed from) the rows' vectors, with B = rows' batch."""
+    L = rows.x.shape[-2]
+    if farthest is None:
+        return farthest_keys(rows.x)
+    if not isinstance(farthest, FarthestKeys) or farthest.levels[-1] != L:
+        raise ValueError(f"farthest must be farthest_keys(x) for the same x with L = {L} keys")
+    try:
+        fits = torch.broadcast_shapes(farthest.batch, rows.batch) == rows.batch
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(f"farthest was built for x with batch shape {tuple(farthest.batch)}, which does not "
+                         f"broadcast to the weights' batch shape {tuple(rows.batch)}")
+
+    def expand(t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(*farthest.batch, *t.shape[1:]).expand(*rows.batch, *t.shape[1:]).reshape(-1, *t.shape[1:])
+
+    return farthest._replace(sq_distances=tuple(map(expand, farthest.sq_distances)),
+                             indices=tuple(map(expand, farthest.indices)), batch=rows.batch)
+
+
+def _max_cross_sq_distance(x, far: FarthestKeys, heads, idx, valid, unsel) -> torch.Tensor:
+    """max_{j in I, i in U} ||x_i - x_j||^2 for P rows: head index ``heads`` (P,), selected keys ``idx``
+    (P, n) (``valid`` marks real entries), unselected visible keys ``unsel`` (P, L), U non-empty."""
+    out = x.new_empty(len(heads))
+    last = unsel.shape[-1] - unsel.flip(-1).to(torch.int8).argmax(-1)  # 1 + the last key in U
+    level = torch.bucketize(torch.maximum(last, idx.amax(-1) + 1), torch.tensor(far.levels))
+    for a, K in enumerate(far.levels):
+        rows = (level == a).nonzero().squeeze(-1)
+        if not len(rows):
+            continue
+        h, j, ok_j, u = heads[rows], idx[rows], valid[rows], unsel[rows, :K]
+        keys = far.indices[a][h.unsqueeze(-1), j]  # (p, n, m): the candidates of each selected key
+        ok = u.gather(-1, keys.flatten(-2)).view(keys.shape) & ok_j.unsqueeze(-1)
+        best = far.sq_distances[a][h.unsqueeze(-1), j].masked_fill_(~ok, -torch.inf).amax(-1)
+        out[rows] = best.amax(-1)
+        missed = (ok_j & ~ok.any(-1)).any(-1).nonzero().squeeze(-1)  # a selected key without a valid candidate
+        step = max(1, CHUNK_ELEMENTS // (K * (j.shape[-1] + x.shape[-1])))
+        for c in range(0, len(missed), step):
+            p = missed[c : c + step]
+            xk = x[h[p], :K]  # (q, K, d)
+            xj = xk.gather(1, j[p].unsqueeze(-1).expand(-1, -1, xk.shape[-1]))  # (q, n, d)
+            sq = (xk * xk).sum(-1)
+            d2 = torch.baddbmm(sq.gather(1, j[p]).unsqueeze(-1) + sq.unsqueeze(-2), xj, xk.mT, alpha=-2)
+            d2.masked_fill_(~(u[p].unsqueeze(-2) & ok_j[p].unsqueeze(-1)), -torch.inf)
+            out[rows[p]] = d2.amax((-1, -2)).clamp_min(0)
+    return out
+
+
+def theorem1_fixed_bound(weights, x, selected, mask=None, *, farthest: FarthestKeys | None = None) -> torch.Tensor:
     """Theorem 1 (fixed top-N set): an upper bound on the distance d~ of every row, shape (..., R).
 
     Reconstruction (ours) of a formula whose second term is truncated in the source (NOTES §2,
@@ -384,7 +510,9 @@ def theorem1_fixed_bound(weights, x, selected, mask=None) -> torch.Tensor:
     hypothesis above (checked; ValueError otherwise). N may differ between rows. A row whose visible
     keys are all selected has d~ = 0 and bound 0. The factor (1 - abar) is computed as the sum of the
     unselected weights, which equals it for exactly normalised rows and keeps the bound valid for rows
-    normalised only up to rounding.
+    normalised only up to rounding. d_1 is read off ``farthest`` (``farthest_keys(x)``, computed here
+    when not given; pass it to share the work between calls on the same x): O(N m) per row instead of
+    O(N L d).
     """
     rows = _prepare(weights, x, mask)
     sel = _bool_tensor("selected", selected, torch.Size((*rows.batch, *rows.weights.shape[-2:])))
@@ -394,14 +522,14 @@ def theorem1_fixed_bound(weights, x, selected, mask=None) -> torch.Tensor:
     n_sel = sel.sum(-1)
     if (n_sel < 1).any():
         raise ValueError("selected must contain at least one key (N >= 1) in every row")
+    far = _farthest_for(farthest, rows)
     n_max = int(n_sel.max())
-    L, d = rows.x.shape[-2:]
-    sq_all = (rows.x * rows.x).sum(-1)  # (B, L)
+    L = rows.x.shape[-2]
+    norms = rows.x.norm(dim=-1)  # (B, L)
     zero = torch.zeros((), dtype=rows.x.dtype)
 
     def chunk(bs: slice, rs: slice) -> torch.Tensor:
         w, vis = _visible_rows(rows, bs, rs)
-        x_b, sq = rows.x[bs], sq_all[bs]
         s_c = sel[bs, rs]
         unsel = vis & ~s_c
         abar = torch.where(s_c, w, zero).sum(-1)
@@ -411,21 +539,18 @@ def theorem1_fixed_bound(weights, x, selected, mask=None) -> torch.Tensor:
                 "selected must carry total weight >= every unselected weight in its row "
                 "(true for a top-N set); Theorem 1's bound needs it"
             )
-        m_sel = torch.where(s_c, sq.sqrt().unsqueeze(-2), zero).amax(-1)
-        # d_1: gather each row's (at most n_max) selected keys and compare them with all keys.
-        idx = torch.argsort(s_c.to(torch.int8), dim=-1, descending=True, stable=True)[..., :n_max]
-        valid = torch.gather(s_c, -1, idx)  # (b, r, n_max)
-        flat = idx.flatten(-2)  # (b, r * n_max): the selected keys of all rows of the chunk
-        x_sel = torch.gather(x_b, -2, flat.unsqueeze(-1).expand(*flat.shape, d))
-        d2 = (x_sel @ x_b.transpose(-1, -2)).mul_(-2)  # (b, r * n_max, L)
-        d2 += torch.gather(sq, -1, flat).unsqueeze(-1)
-        d2 += sq.unsqueeze(-2)
-        d2 = d2.unflatten(-2, idx.shape[-2:]).masked_fill_(~unsel.unsqueeze(-2), 0)  # (b, r, n_max, L)
-        d1 = _sqrt0(d2.amax(-1).masked_fill_(~valid, 0).amax(-1))
+        m_sel = torch.where(s_c, norms[bs].unsqueeze(-2), zero).amax(-1)
+        d1 = torch.zeros_like(abar)
+        has_u = unsel.any(-1)
+        if has_u.any():
+            b, r = has_u.nonzero(as_tuple=True)
+            idx, valid = _compact(s_c[b, r], n_max)
+            heads = torch.arange(bs.start, bs.start + w.shape[0])[b]
+            d1[b, r] = _sqrt0(_max_cross_sq_distance(rows.x, far, heads, idx, valid, unsel[b, r]))
         n_unsel = unsel.sum(-1).to(w.dtype)
         return rest * d1 + m_sel * (abar * n_unsel - rest)
 
-    return rows.restore(_chunked(*rows.weights.shape[:2], n_max * (L + d) + 4 * L, chunk))
+    return rows.restore(_chunked(*rows.weights.shape[:2], n_max * (FARTHEST + 2) + 6 * L, chunk))
 
 
 # --- Theorem 1: uniformly random N-set, and Corollary 2 ----------------------------------------------
@@ -439,6 +564,18 @@ def _random_setting_terms(rows: _Rows, N: int, bs: slice, rs: slice):
     n_r = L_r.clamp(max=N)
     c = torch.where(L_r > N, N / (L_r - 1).clamp_min(1), torch.zeros((), dtype=w.dtype))
     return w, vis, m, xm, sq, mm, L_r, n_r, c
+
+
+def _main_sum(w, vis, xm, sq, mm, N: int) -> torch.Tensor:
+    """E of ``theorem1_random_main_sum`` per row, from the terms of ``_mean_vector_terms`` (unchanged,
+    so they can serve several N), without validation."""
+    zero = torch.zeros((), dtype=w.dtype)
+    L_r = vis.sum(-1).to(w.dtype)
+    c = torch.where(L_r > N, N / (L_r - 1).clamp_min(1), zero).unsqueeze(-1)
+    a = w * (1 + c)  # ||a_i x_i - c m||^2 = a_i (a_i |x_i|^2 - 2 c <x_i, m>) + c^2 |m|^2
+    t2 = (a * sq).sub_(xm * (2 * c)).mul_(a).add_(c * c * mm.unsqueeze(-1))
+    total = t2.clamp_min_(0).sqrt_().masked_fill_(~vis, 0).sum(-1)
+    return torch.where(L_r > N, (L_r - N) / L_r * total, zero)
 
 
 def theorem1_random_main_sum(weights, x, N: int, mask=None) -> torch.Tensor:
@@ -471,12 +608,8 @@ def theorem1_random_main_sum(weights, x, N: int, mask=None) -> torch.Tensor:
     N = check_int("N", N, low=1, high=rows.weights.shape[-1] - 1)
 
     def chunk(bs: slice, rs: slice) -> torch.Tensor:
-        w, vis, _, xm, sq, mm, L_r, _, c = _random_setting_terms(rows, N, bs, rs)
-        c_ = c.unsqueeze(-1)
-        a = w * (1 + c_)  # ||a_i x_i - c m||^2 = a_i (a_i |x_i|^2 - 2 c <x_i, m>) + c^2 |m|^2
-        t2 = (a * sq).sub_(xm.mul_(2 * c_)).mul_(a).add_((c * c * mm).unsqueeze(-1))
-        total = t2.clamp_min_(0).sqrt_().masked_fill_(~vis, 0).sum(-1)
-        return torch.where(L_r > N, (L_r - N) / L_r * total, torch.zeros((), dtype=w.dtype))
+        w, vis = _visible_rows(rows, bs, rs)
+        return _main_sum(w, vis, *_mean_vector_terms(w, rows.x[bs])[1:], N)
 
     return rows.restore(_chunked(*rows.weights.shape[:2], 6 * rows.weights.shape[-1], chunk))
 
@@ -681,14 +814,18 @@ def theorem2_bounds(weights, selected, r, M: float, delta: float) -> Bounds:
     L = w.shape[-1]
     w2, sel2, r2, delta2 = w.reshape(-1, L), sel.reshape(-1, L), r.reshape(-1, 1), delta.reshape(-1, 1)
 
+    n_max = int(sel2.sum(-1).max())
+
     def chunk(_: slice, sl: slice):
-        xi, s, rr = _xi(w2[sl], sel2[sl], M, delta2[sl]), sel2[sl], r2[sl]
+        idx, s = _compact(sel2[sl], n_max)  # the selected weights only: (rows, n_max)
+        ws, rr = w2[sl].gather(-1, idx).masked_fill_(~s, 0), r2[sl]
+        xi = _xi(ws, s, M, delta2[sl])
         n = s.sum(-1).to(w.dtype)
         lower = 1 - xi.sum(-1) / (n * rr.squeeze(-1))
         tail = (xi - rr).clamp_min_(0).square_().mul_(-1 / (2 * M * M)).exp_().masked_fill_(~s, 0)
         return lower, tail.sum(-1) / n
 
-    lower, upper = _chunked(1, w2.shape[0], 8 * L, chunk)
+    lower, upper = _chunked(1, w2.shape[0], 3 * L + 8 * n_max, chunk)
     return Bounds(lower.reshape(w.shape[:-1]), upper.reshape(w.shape[:-1]))
 
 

@@ -14,7 +14,6 @@ import pandas as pd
 import torch
 from scipy.stats import ks_2samp
 
-from attn_utils import theory
 
 
 # --- one row ------------------------------------------------------------------------------------------
@@ -65,6 +64,44 @@ def separability(w, x, N, vis, M=1.0, normalize=True):
     return count / N, r
 
 
+def fixed_bound(w, x, selected, vis):
+    """Theorem 1, fixed set: (1 - abar) d_1 + max_{j in I} ||x_j|| (abar (L_r - N) - (1 - abar))."""
+    out = outside(vis, selected)
+    if not out:
+        return 0.0
+    abar = sum(w[j] for j in selected)
+    rest = sum(w[i] for i in out)
+    d1 = max(np.linalg.norm(x[i] - x[j]) for i in out for j in selected)
+    return rest * d1 + max(np.linalg.norm(x[j]) for j in selected) * (abar * len(out) - rest)
+
+
+def main_sum(w, x, N, vis):
+    """Theorem 1, random set: ((L_r - N) / L_r) sum_i ||alpha_i x_i - (N / (L_r - 1)) sum_{j != i} alpha_j x_j||."""
+    keys = [i for i in range(len(w)) if vis[i]]
+    L_r = len(keys)
+    if L_r <= N:
+        return 0.0
+    total = 0.0
+    for i in keys:
+        rest = [j for j in keys if j != i]
+        others = w[rest] @ x[rest]  # sum_{j != i} alpha_j x_j, summed directly
+        total += np.linalg.norm(w[i] * x[i] - N / (L_r - 1) * others)
+    return (L_r - N) / L_r * total
+
+
+def theorem2_row(w, selected, r, M, delta):
+    """Theorem 2: xi_i^2 = M^2 S1^2 - (delta^2 / 2)(S1^2 - S2) over I minus i; (lower, upper) bounds."""
+    xi = []
+    for i in selected:
+        others = [w[j] for j in selected if j != i]
+        s1, s2 = sum(others), sum(a * a for a in others)
+        xi.append(math.sqrt(max(M * M * s1 * s1 - delta * delta / 2 * (s1 * s1 - s2), 0.0)))
+    N = len(selected)
+    lower = 1 - sum(xi) / (N * r)
+    upper = sum(math.exp(-max(v - r, 0.0) ** 2 / (2 * M * M)) for v in xi) / N
+    return lower, upper
+
+
 def min_pairwise_distance(x):
     return min(np.linalg.norm(x[i] - x[j]) for i in range(len(x)) for j in range(len(x)) if i != j)
 
@@ -92,16 +129,6 @@ def causal(L):
     return np.tril(np.ones((L, L), dtype=bool))
 
 
-def _t(a):
-    return torch.as_tensor(np.asarray(a, dtype=float))
-
-
-def _onehot(indices, L):
-    out = np.zeros(L, dtype=bool)
-    out[list(indices)] = True
-    return out
-
-
 def _head_rows(weights, x, layer, head, L):
     """The leading L x L causal block of one head; row t is cut to its t + 1 visible keys."""
     w, xs = np.asarray(weights, dtype=float)[layer, head, :L, :L], np.asarray(x, dtype=float)[layer, head, :L]
@@ -110,7 +137,7 @@ def _head_rows(weights, x, layer, head, L):
 
 def distance_table(weights, x, pairs, reading="sum_of_norms", with_bound=True):
     """Algorithms 1-3: per (L, N, layer, head) the means over rows with t + 1 > N keys of d-tilde, of
-    Theorem 1's main sum and (optionally) of its fixed-set bound; theory is called one row at a time."""
+    Theorem 1's main sum and (optionally) of its fixed-set bound, one row at a time."""
     layers, heads = np.asarray(weights).shape[:2]
     records = []
     for L, N in pairs:
@@ -123,10 +150,9 @@ def distance_table(weights, x, pairs, reading="sum_of_norms", with_bound=True):
                     vis = np.ones(t + 1, dtype=bool)
                     selected = top_n(w, vis, N)
                     d.append(cumulative_distance(w, xs, selected, vis, reading))
-                    e.append(float(theory.theorem1_random_main_sum(_t([w]), _t(xs), N)[0]))
+                    e.append(main_sum(w, xs, N, vis))
                     if with_bound:
-                        sel = torch.as_tensor(_onehot(selected, t + 1)).unsqueeze(0)
-                        b.append(float(theory.theorem1_fixed_bound(_t([w]), _t(xs), sel)[0]))
+                        b.append(fixed_bound(w, xs, selected, vis))
                 record = {"layer": layer, "head": head, "L": L, "N": N, "distance": np.mean(d),
                           "expectation": np.mean(e)}
                 if with_bound:
@@ -167,11 +193,10 @@ def separability_table(weights, x, Ns, M=1.0, L=None):
                         continue
                     vis = np.ones(t + 1, dtype=bool)
                     ratio, r = separability(w, xs[: t + 1], N, vis, M, normalize=False)
-                    sel = torch.as_tensor(_onehot(top_n(w, vis, N), t + 1)).unsqueeze(0)
-                    low, up = theory.theorem2_bounds(_t([w]), sel, r, M, delta)
+                    low, up = theorem2_row(w, top_n(w, vis, N), r, M, delta)
                     ratios.append(ratio)
-                    lows.append(float(low[0]))
-                    ups.append(float(up[0]))
+                    lows.append(low)
+                    ups.append(up)
                 records.append({"layer": layer, "head": head, "L": L, "N": N, "separability": np.mean(ratios),
                                 "lower": np.mean(lows), "upper": np.mean(ups), "delta": delta})
     return pd.DataFrame(records)

@@ -240,6 +240,41 @@ def test_theorem1_fixed_bound_needs_only_abar_dominance(seed, L, x_kind):
     assert dtilde(w[0], x, sel[0], np.ones(L, bool), "sum") <= bound + scale_of(x)
 
 
+@MANY
+@given(rows_case(max_L=40), st.sampled_from([1, 2, 3, 32]))
+def test_theorem1_fixed_bound_reads_d1_off_the_farthest_lists(case, m):
+    """d_1 from farthest_keys' lists (short lists force the direct fallback often) equals the loop's."""
+    w, x, mask, N = case
+    sel = top_n(w, mask, N)
+    far = th.farthest_keys(t(x), m)
+    got = th.theorem1_fixed_bound(t(w), t(x), torch.as_tensor(sel), None if mask is None else torch.as_tensor(mask),
+                                  farthest=far)
+    vis = np.ones_like(w, bool) if mask is None else mask
+    for r in range(w.shape[0]):
+        want = loop_fixed_bound(w[r], x, sel[r], vis[r])
+        assert abs(got[r].item() - want) <= 1e-10 * (1 + abs(want)) + scale_of(x), (r, got[r].item(), want)
+
+
+def test_farthest_keys_lists():
+    """Each list holds the m farthest keys of the prefix, largest first; levels double up to L."""
+    x = torch.randn(2, 37, 3, dtype=F64)
+    far = th.farthest_keys(x, 4)
+    assert far.levels == (4, 8, 16, 32, 37)
+    d2 = torch.cdist(x, x) ** 2
+    for K, v, i in zip(far.levels, far.sq_distances, far.indices):
+        assert v.shape == i.shape == (2, K, 4)
+        want = d2[:, :K, :K].sort(-1, descending=True).values[..., :4]
+        torch.testing.assert_close(v, want, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(d2[:, :K, :K].gather(-1, i), v, rtol=1e-10, atol=1e-10)
+    both = th.farthest_keys(x, 4, prefixes=[10, 32])
+    assert both.levels == (4, 8, 10, 16, 32, 37)
+    head = both.prefix(10)
+    assert head.levels == (4, 8, 10)
+    torch.testing.assert_close(head.sq_distances[-1], th.farthest_keys(x[:, :10], 4).sq_distances[-1])
+    with pytest.raises(ValueError, match="L must be one of the levels"):
+        both.prefix(12)
+
+
 def test_theorem1_fixed_bound_fails_without_dominance():
     """alpha = (0.1, 0.9), I = {0}, x_0 = x_1: d~ = 0.8 but the formula gives -0.8; the function refuses."""
     w, x, sel = np.array([0.1, 0.9]), np.array([[1.0, 0.0], [1.0, 0.0]]), np.array([True, False])
@@ -627,6 +662,11 @@ EXP = NORMALIZERS[0]
         (lambda: th.theorem1_fixed_bound(W, X, SEL.long()), "selected"),
         (lambda: th.theorem1_fixed_bound(W, X, ~SEL, torch.tensor([[True, True, False]])), "selected"),
         (lambda: th.theorem1_fixed_bound(W, X, SEL, torch.zeros(1, 3, dtype=torch.bool)), "mask"),
+        (lambda: th.theorem1_fixed_bound(W, X, SEL, farthest=th.farthest_keys(X[:2])), "farthest"),
+        (lambda: th.theorem1_fixed_bound(W, X, SEL, farthest=th.farthest_keys(torch.stack([X] * 2))), "farthest"),
+        (lambda: th.farthest_keys(X, 0), "m"),
+        (lambda: th.farthest_keys(X, 2, prefixes=[4]), "prefixes"),
+        (lambda: th.farthest_keys(X * math.nan), "x"),
         (lambda: th.theorem1_random_main_sum(W, X, 0), "N"),
         (lambda: th.theorem1_random_main_sum(W, X, 3), "N"),
         (lambda: th.theorem1_random_main_sum(W, X, 1.5), "N"),
