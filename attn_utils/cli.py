@@ -4,6 +4,8 @@
     attn-companion run NOTEBOOK [-p NAME VALUE ...]         execute one notebook into runs/
     attn-companion sweep NOTEBOOK -p NAME v1,v2 ... [--jobs K]   every combination, in parallel
     attn-companion params [NOTEBOOK]                        list the parameters and what they accept
+    attn-companion student --out DIR [NOTEBOOK ...] [-p NAME VALUE ...]   student copies of the exercises
+    attn-companion grade SUBMISSION ... [--out grades.csv] [--time-limit S] [-p NAME VALUE ...]
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import execute, sweep
+from . import execute, grading, student, sweep
 from .params import SPECS
 
 
@@ -49,6 +51,17 @@ def main(argv: list[str] | None = None) -> int:
     p_sweep.add_argument("--out", type=Path, default=Path("runs"), help="output folder (default runs/)")
     p_params = sub.add_parser("params", help="list the notebooks' parameters")
     p_params.add_argument("notebook", nargs="?")
+    p_student = sub.add_parser("student", help="write student copies: solutions replaced by stubs")
+    p_student.add_argument("notebooks", nargs="*", metavar="NOTEBOOK", help="default: every notebook with exercises")
+    p_student.add_argument("--out", type=Path, required=True, help="folder of the student copies")
+    p_student.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"),
+                           help="a default written into the copies (e.g. -p model gpt2-random)")
+    p_grade = sub.add_parser("grade", help="execute submitted notebooks and grade their exercises")
+    p_grade.add_argument("submissions", nargs="+", type=Path, metavar="SUBMISSION")
+    p_grade.add_argument("--out", type=Path, default=Path("grades.csv"), help="grades CSV (default grades.csv)")
+    p_grade.add_argument("--time-limit", type=float, default=600.0,
+                         help="seconds one submission may run before it is stopped (default 600)")
+    p_grade.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"))
     args = parser.parse_args(argv)
 
     try:
@@ -63,6 +76,12 @@ def main(argv: list[str] | None = None) -> int:
             src = execute.resolve_notebook(args.notebook)
             index = sweep.sweep(src, _parameters(args.parameter, multi=True), args.out, jobs=args.jobs)
             print(f"sweep index: {index}")
+        elif args.command == "student":
+            written = student.student_copies(args.out, args.notebooks, _parameters(args.parameter))
+            print(f"{len(written)} student copies written to {args.out}")
+        elif args.command == "grade":
+            grading.grade(args.submissions, args.out, time_limit=args.time_limit,
+                            parameters=_parameters(args.parameter))
         else:
             _print_params(args.notebook)
     except (ValueError, execute.NotebookFailed, RuntimeError) as exc:

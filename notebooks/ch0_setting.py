@@ -220,3 +220,82 @@ plt.show()
 
 # %%
 session.provenance_table()
+
+# %% [markdown]
+# ## Exercises
+#
+# ```{exercise} Shifts, temperature and masks
+# :label: ch0-ex1
+#
+# Let $\alpha=\operatorname{softmax}(l/T)$ for one row of logits $l\in\R^L$ and a temperature $T>0$.
+#
+# 1. Show that adding the same constant $c$ to every logit leaves $\alpha$ unchanged. Why may an
+#    implementation subtract $\max_j l_j$ before exponentiating, and why should it?
+# 2. Find the limits of $\alpha$ as $T\to0^+$ and as $T\to\infty$. What happens when several logits
+#    share the largest value?
+# 3. A causal mask sets $l_j=-\infty$ for the keys $j$ a query may not see. Show that the result is the
+#    softmax of the visible logits alone, padded with zeros, and that zeroing the weights of the hidden
+#    keys *after* the softmax is not.
+# ```
+#
+# ```{solution-start} ch0-ex1
+# :class: dropdown
+# ```
+#
+# 1. $e^{(l_i+c)/T}=e^{c/T}e^{l_i/T}$: the factor $e^{c/T}$ multiplies the numerator and every term of
+#    the denominator, so it cancels. With $c=-\max_jl_j$ every exponent is at most $0$, so no
+#    exponential overflows (in float64 $e^{l/T}$ is already infinite for $l/T>710$, and
+#    $\infty/\infty$ is NaN), and the largest term equals $1$, so the denominator is at least $1$ and
+#    cannot underflow to $0$ either.
+# 2. Let $m=\max_jl_j$ and $K=\{j:l_j=m\}$. After the shift,
+#    $\alpha_i=e^{(l_i-m)/T}/\sum_je^{(l_j-m)/T}$. As $T\to0^+$ the term of $i$ tends to $1$ for
+#    $i\in K$ and to $0$ otherwise, so $\alpha$ tends to the uniform distribution on $K$: the one-hot
+#    vector of the arg max when the largest logit is unique, an equal split among ties otherwise. As
+#    $T\to\infty$ every exponent tends to $0$, every term to $1$, and $\alpha\to(1/L,\dots,1/L)$.
+# 3. For $T>0$, $e^{-\infty/T}=0$: a hidden key adds nothing to the denominator and gets weight $0$,
+#    while a visible key gets $e^{l_i/T}/\sum_{j\text{ visible}}e^{l_j/T}$, the softmax of the
+#    visible logits. Zeroing after the softmax leaves the hidden keys' terms in the denominator, so the
+#    visible weights sum to $1-\sum_{j\text{ hidden}}\alpha_j<1$; dividing them by their sum again gives
+#    back the masked softmax.
+#
+# ```{solution-end}
+# ```
+#
+# ```{exercise} A causal softmax with temperature
+# :label: ch0-ex2
+#
+# Write a function `causal_softmax(logits, T)` for logits of shape $(\dots,L,L)$ (row $t$ is query $t$,
+# column $j$ is key $j$, any leading batch dimensions) that returns the weights
+# $\operatorname{softmax}(l/T)$ of each row over the keys $j\le t$ it may see, with exact zeros for the
+# later keys. Compare it with `normalizers.softmax(logits, mask=normalizers.causal_mask(L), T=T)` and
+# make sure it survives logits of size $1000$. The check that follows the exercise also tries the usual slips:
+# a missing mask, the wrong axis, the temperature on the wrong side.
+# ```
+#
+# ```{solution-start} ch0-ex2
+# :class: dropdown
+# ```
+
+# %% tags=["solution"]
+def causal_softmax(logits: torch.Tensor, T: float = 1.0) -> torch.Tensor:
+    """Softmax of l / T over the keys j <= t of each query row t; exact zeros above the diagonal."""
+    L = logits.shape[-1]
+    visible = torch.ones(L, L, dtype=torch.bool).tril()
+    z = (logits / T).masked_fill(~visible, -torch.inf)
+    z = z - z.amax(dim=-1, keepdim=True)  # every row sees key 0, so its maximum is finite
+    e = z.exp()
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+demo = torch.randn(2, 5, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)) * 3
+gap = (causal_softmax(demo, 0.5) - normalizers.softmax(demo, mask=normalizers.causal_mask(5), T=0.5)).abs().max()
+print(f"largest difference from normalizers.softmax: {float(gap):.1e}")
+
+# %% [markdown]
+# ```{solution-end}
+# ```
+
+# %% tags=["exercise-check"]
+from attn_utils import classroom
+
+classroom.check("ch0-ex2", causal_softmax)

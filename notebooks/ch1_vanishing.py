@@ -758,8 +758,9 @@ session.provenance_table()
 # fine grid of $[-a,a]$. Check it against `attn_utils.theory.lemma1_bounds` for the softmax at
 # $T=0.5$, for softplus, and for the non-monotone $F(l)=2+\cos 3l$, at $a=2$ and several $L$. Then
 # build the row that comes closest to the bound (one logit where $F$ is largest, the others where it
-# is smallest), normalize it with `attn_utils.normalizers.general`, and check that its largest
-# weight stays below your bound while exceeding $0.9$ times it for large $L$.
+# is smallest) with a function `extreme_row(F, a, L)`, normalize it with
+# `attn_utils.normalizers.general`, and check that its largest weight stays below your bound while
+# exceeding $0.9$ times it for large $L$.
 # ```
 #
 # ```{solution-start} ch1-ex2
@@ -799,3 +800,8 @@ print("max_weight_bound agrees with theory.lemma1_bounds; the extreme rows appro
 # %% [markdown]
 # ```{solution-end}
 # ```
+
+# %% tags=["exercise-check"]
+from attn_utils import classroom
+
+classroom.check("ch1-ex2", max_weight_bound, extreme_row)

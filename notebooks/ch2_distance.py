@@ -688,10 +688,10 @@ pd.Series(session.summary(), name="value").to_frame()
 #
 # The paper's loops average each statistic over all query rows $t$. The library's Algorithms 1–3
 # (`experiments.distance_vs_length`, `distance_vs_n`, `critical_n`) do exactly that, with one full
-# pass over all rows of all heads per top-$N$ size and length, and the bound's $d_1$ compares every
-# selected key with every key, which is slow at $N=100$. Panels (b) and (c) need dozens of sizes at
-# the full length; with every row that takes longer than this book's time budget (a few minutes for
-# all chapters on two cores). We therefore evaluate the same per-row quantities with the same library
+# pass over all rows of all heads per length (the top-$N$ sizes of a length share its partial sorts
+# and Gram products). Panels (b) and (c) need dozens of sizes at the full length; with every row
+# that takes longer than this book's time budget (a few minutes for all chapters on two cores). We
+# therefore evaluate the same per-row quantities with the same library
 # functions (`metrics.top_n_mask`, `metrics.cumulative_distance`, `theory.theorem1_random_main_sum`,
 # `theory.theorem1_fixed_bound`) on a **sample of query rows**: every row of the octaves
 # $[2^k,2^{k+1})$ of positions that hold at most `rows_per_octave` rows, and `rows_per_octave`
@@ -1183,10 +1183,12 @@ session.provenance_table()
 # :label: ch2-ex2
 #
 # Take one row of weights and its vectors (a synthetic row, or the last row of one head of a captured
-# attention matrix). Without vectorised library calls, write a loop that finds the top-$N$ set (ties to the earlier key),
-# builds the context vector $s$ and adds up $\tilde d=\sum_{i\notin I_N}\|\alpha_i x_i-s\|$. Compare
-# with `attn_utils.metrics.top_n_mask` and `attn_utils.metrics.cumulative_distance`, and check the
-# bound of `attn_utils.theory.theorem1_fixed_bound` on the same row.
+# attention matrix). Without vectorised library calls, write a function
+# `distance_by_loop(weights_row, x, n_top)` that finds the top-$N$ set (ties to the earlier key),
+# builds the context vector $s$, adds up $\tilde d=\sum_{i\notin I_N}\|\alpha_i x_i-s\|$ and returns
+# the three (the set of indices, $s$ and $\tilde d$). Compare with `attn_utils.metrics.top_n_mask` and
+# `attn_utils.metrics.cumulative_distance`, and check the bound of
+# `attn_utils.theory.theorem1_fixed_bound` on the same row.
 # ```
 #
 # ```{solution-start} ch2-ex2
@@ -1223,7 +1225,13 @@ print(f"loop: {d_loop:.10f}, library: {d_lib:.10f}")
 # %% [markdown]
 # ```{solution-end}
 # ```
-#
+
+# %% tags=["exercise-check"]
+from attn_utils import classroom
+
+classroom.check("ch2-ex2", distance_by_loop)
+
+# %% [markdown]
 # ```{exercise} When the Jensen residual vanishes
 # :label: ch2-ex3
 #

@@ -856,10 +856,12 @@ session.provenance_table()
 # ```{exercise} Count $N_s$ by hand
 # :label: ch3-ex2
 #
-# Draw one row of softmax weights (logits from $N(0,1)$) over $L=50$ random vectors in $\R^{16}$,
-# project the vectors onto the unit sphere, and take $N=8$. With an explicit Python loop over the keys,
-# compute $s$, the radius $r=\min_{j\notin I_N}\|s-\alpha_jx_j\|$ and $N_s=\#\{i\in I_N:\|s-\alpha_ix_i\|<r\}$.
-# Compare $N_s/N$ and $r$ with `attn_utils.metrics.separability`, and check the lower bound of
+# Write a function `separability_by_loop(weights_row, x, n_top)` that projects the vectors $x_i$ of
+# one row onto the unit sphere and then, with explicit Python loops over the keys, computes the top-$N$
+# set (ties to the earlier key), $s$, the radius $r=\min_{j\notin I_N}\|s-\alpha_jx_j\|$ and
+# $N_s=\#\{i\in I_N:\|s-\alpha_ix_i\|<r\}$, and returns $(N_s, r)$. Try it on one row of softmax
+# weights (logits from $N(0,1)$) over $L=50$ random vectors in $\R^{16}$ with $N=8$: compare $N_s/N$
+# and $r$ with `attn_utils.metrics.separability`, and check the lower bound of
 # {prf:ref}`the lower bound of Theorem 2 <ch3-thm2-lower>` with `attn_utils.theory.theorem2_bounds`.
 # ```
 #
@@ -868,19 +870,26 @@ session.provenance_table()
 # ```
 
 # %% tags=["solution"]
+def separability_by_loop(weights_row, x, n_top):
+    """(N_s, r) of one row, the x_i projected onto the unit sphere, with plain Python loops."""
+    L = len(weights_row)
+    points = [weights_row[i] * x[i] / x[i].norm() for i in range(L)]   # alpha_i x_i on the sphere
+    top = sorted(range(L), key=lambda i: (-float(weights_row[i]), i))[:n_top]  # ties: lower index first
+    s = sum(points[i] for i in top)
+    r = min(float((s - points[j]).norm()) for j in range(L) if j not in top)
+    n_s = sum(1 for i in top if float((s - points[i]).norm()) < r)
+    return n_s, r
+
+
 g = torch.Generator().manual_seed(seed)
 x_ex = torch.randn(50, 16, generator=g, dtype=F64)
-x_ex = x_ex / x_ex.norm(dim=-1, keepdim=True)
 w_ex = torch.softmax(torch.randn(50, generator=g, dtype=F64), dim=-1)
 N_ex = 8
-top = sorted(range(50), key=lambda i: (-float(w_ex[i]), i))[:N_ex]    # ties: the lower index first
-s_ex = sum(w_ex[i] * x_ex[i] for i in top)
-r_ex = min(float((s_ex - w_ex[j] * x_ex[j]).norm()) for j in range(50) if j not in top)
-Ns_ex = sum(1 for i in top if float((s_ex - w_ex[i] * x_ex[i]).norm()) < r_ex)
+Ns_ex, r_ex = separability_by_loop(w_ex, x_ex, N_ex)
 ratio_lib, r_lib = metrics.separability(w_ex[None], x_ex, N_ex)
 assert Ns_ex / N_ex == float(ratio_lib[0]) and abs(r_ex - float(r_lib[0])) < 1e-12
 sel_ex, _ = metrics.top_n_mask(w_ex[None], N_ex)
-delta_ex = float(metrics.min_pairwise_distance(x_ex))
+delta_ex = float(metrics.min_pairwise_distance(metrics.project_to_sphere(x_ex)))
 lower_ex = float(theory.theorem2_bounds(w_ex[None], sel_ex, r_lib, 1.0, delta_ex).lower[0])
 assert Ns_ex / N_ex >= lower_ex
 print(f"N_s = {Ns_ex} of N = {N_ex}, r = {r_ex:.4f}; library: {float(ratio_lib[0]):.3f}; lower bound {lower_ex:.3f}")
@@ -888,3 +897,8 @@ print(f"N_s = {Ns_ex} of N = {N_ex}, r = {r_ex:.4f}; library: {float(ratio_lib[0
 # %% [markdown]
 # ```{solution-end}
 # ```
+
+# %% tags=["exercise-check"]
+from attn_utils import classroom
+
+classroom.check("ch3-ex2", separability_by_loop)

@@ -864,3 +864,8 @@ print(f"g_row agrees with metrics.finite_difference_gradient at {len(Ts) * len(e
 # %% [markdown]
 # ```{solution-end}
 # ```
+
+# %% tags=["exercise-check"]
+from attn_utils import classroom
+
+classroom.check("ch4-ex2", g_row)
