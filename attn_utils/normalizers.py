@@ -21,7 +21,7 @@ import torch
 from entmax import entmax15 as _entmax15
 from entmax import sparsemax as _sparsemax
 
-from attn_utils.validation import as_tensor, check_choice, check_finite, check_int, check_positive
+from attn_utils.validation import as_tensor, broadcasts_to, check_choice, check_finite, check_int, check_positive
 
 __all__ = [
     "NORMALIZERS",
@@ -63,11 +63,7 @@ def _prepare(logits, mask) -> tuple[torch.Tensor, torch.Tensor]:
         mask = as_tensor("mask", mask)
         if mask.dtype != torch.bool:
             raise ValueError(f"mask must be a boolean tensor (True = key visible), got dtype {mask.dtype}")
-        try:
-            fits = torch.broadcast_shapes(mask.shape, logits.shape) == logits.shape
-        except RuntimeError:
-            fits = False
-        if not fits:
+        if not broadcasts_to(mask.shape, logits.shape):
             raise ValueError(
                 f"mask of shape {tuple(mask.shape)} is not broadcastable to logits of shape {tuple(logits.shape)}"
             )

@@ -34,6 +34,7 @@ from scipy.optimize import minimize_scalar
 
 from attn_utils.validation import (
     as_tensor,
+    broadcasts_to,
     check_finite,
     check_int,
     check_positive,
@@ -152,11 +153,7 @@ def _bool_tensor(name: str, value, shape: torch.Size) -> torch.Tensor:
     t = as_tensor(name, value)
     if t.dtype != torch.bool:
         raise ValueError(f"{name} must be a boolean tensor, got dtype {t.dtype}")
-    try:
-        fits = torch.broadcast_shapes(t.shape, shape) == shape
-    except RuntimeError:
-        fits = False
-    if not fits:
+    if not broadcasts_to(t.shape, shape):
         raise ValueError(f"{name} of shape {tuple(t.shape)} does not broadcast to the weights' shape {tuple(shape)}")
     return t.expand(shape)
 
@@ -432,11 +429,7 @@ def _farthest_for(farthest: FarthestKeys | None, rows: "_Rows") -> FarthestKeys:
         return farthest_keys(rows.x)
     if not isinstance(farthest, FarthestKeys) or farthest.levels[-1] != L:
         raise ValueError(f"farthest must be farthest_keys(x) for the same x with L = {L} keys")
-    try:
-        fits = torch.broadcast_shapes(farthest.batch, rows.batch) == rows.batch
-    except RuntimeError:
-        fits = False
-    if not fits:
+    if not broadcasts_to(farthest.batch, rows.batch):
         raise ValueError(f"farthest was built for x with batch shape {tuple(farthest.batch)}, which does not "
                          f"broadcast to the weights' batch shape {tuple(rows.batch)}")
 

@@ -13,6 +13,14 @@ from collections.abc import Iterable
 import torch
 
 
+def broadcasts_to(shape, target) -> bool:
+    """Whether a tensor of ``shape`` broadcasts to exactly ``target`` (without growing it)."""
+    try:
+        return torch.broadcast_shapes(shape, target) == torch.Size(target)
+    except RuntimeError:
+        return False
+
+
 def check_positive(name: str, value: float) -> float:
     """Require a finite real number > 0 (Python, numpy or 0-d tensor)."""
     if isinstance(value, torch.Tensor) and value.numel() == 1:

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+import reference as ref
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -95,27 +96,6 @@ def dtilde(w, x, sel, vis, reading):
     if reading == "sum":
         return sum(np.linalg.norm(v) for v in terms)
     return np.linalg.norm(sum(terms))
-
-
-def loop_fixed_bound(w, x, sel, vis):
-    I = [j for j in range(len(w)) if sel[j]]
-    U = [i for i in range(len(w)) if vis[i] and not sel[i]]
-    abar = sum(w[j] for j in I)
-    d1 = max((np.linalg.norm(x[i] - x[j]) for i in U for j in I), default=0.0)
-    m = max(np.linalg.norm(x[j]) for j in I)
-    return (1 - abar) * d1 + m * (abar * len(U) - (1 - abar))
-
-
-def loop_main_sum(w, x, N, vis):
-    keys = [i for i in range(len(w)) if vis[i]]
-    L = len(keys)
-    if L <= N:
-        return 0.0
-    total = 0.0
-    for i in keys:
-        others = sum(w[j] * x[j] for j in keys if j != i)
-        total += np.linalg.norm(w[i] * x[i] - N / (L - 1) * others)
-    return (L - N) / L * total
 
 
 def loop_exact_expectation(w, x, N):
@@ -251,7 +231,7 @@ def test_theorem1_fixed_bound_reads_d1_off_the_farthest_lists(case, m):
                                   farthest=far)
     vis = np.ones_like(w, bool) if mask is None else mask
     for r in range(w.shape[0]):
-        want = loop_fixed_bound(w[r], x, sel[r], vis[r])
+        want = ref.fixed_bound(w[r], x, np.flatnonzero(sel[r]), vis[r])
         assert abs(got[r].item() - want) <= 1e-10 * (1 + abs(want)) + scale_of(x), (r, got[r].item(), want)
 
 
@@ -279,7 +259,7 @@ def test_theorem1_fixed_bound_fails_without_dominance():
     """alpha = (0.1, 0.9), I = {0}, x_0 = x_1: d~ = 0.8 but the formula gives -0.8; the function refuses."""
     w, x, sel = np.array([0.1, 0.9]), np.array([[1.0, 0.0], [1.0, 0.0]]), np.array([True, False])
     assert math.isclose(dtilde(w, x, sel, np.ones(2, bool), "sum"), 0.8)
-    assert math.isclose(loop_fixed_bound(w, x, sel, np.ones(2, bool)), -0.8)
+    assert math.isclose(ref.fixed_bound(w, x, np.flatnonzero(sel), np.ones(2, bool)), -0.8)
     with pytest.raises(ValueError, match="selected"):
         th.theorem1_fixed_bound(t(w[None]), t(x), torch.as_tensor(sel[None]))
 
@@ -394,8 +374,8 @@ def test_loops_theorem1_and_corollary2(batch_case, monkeypatch):
     fixed, E, A, gap, cap = results[1]
     for i in idx:
         xb, wr, vr = x[i[:-1]], w[i], vis[i]
-        assert abs(fixed[i].item() - loop_fixed_bound(wr, xb, sel[i], vr)) < 1e-10
-        assert abs(E[i].item() - loop_main_sum(wr, xb, N, vr)) < 1e-10
+        assert abs(fixed[i].item() - ref.fixed_bound(wr, xb, np.flatnonzero(sel[i]), vr)) < 1e-10
+        assert abs(E[i].item() - ref.main_sum(wr, xb, N, vr)) < 1e-10
         assert abs(A[i].item() - sum(wr[j] * np.linalg.norm(xb[j]) for j in range(len(wr)) if vr[j])) < 1e-10
         keys = np.flatnonzero(vr)
         L_r, n_r = len(keys), min(N, len(keys))
