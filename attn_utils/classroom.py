@@ -390,6 +390,67 @@ def _g_input_unchanged(f) -> None:
         raise CheckFailed("g_row changed its input row in place: compute l + eps v into a new tensor")
 
 
+# --- ch6-ex2: the sparsemax Jacobian from its support ----------------------------------------------------
+
+
+def _sparsemax_row(row: torch.Tensor, T: float) -> torch.Tensor:
+    return normalizers.sparsemax(row.unsqueeze(0), T=T)[0]
+
+
+def _sparsemax_reference(row: torch.Tensor, T: float) -> torch.Tensor:
+    """The Jacobian by automatic differentiation (independent of the support formula)."""
+    return torch.autograd.functional.jacobian(lambda r: _sparsemax_row(r, T), row)
+
+
+def _sparsemax_mistakes(row: torch.Tensor, T: float) -> list[tuple[torch.Tensor, str]]:
+    def from_support(on: torch.Tensor, scale: float) -> torch.Tensor:
+        on = on.to(F64)
+        return (torch.diag(on) - torch.outer(on, on) / on.sum()) * scale
+
+    on = _sparsemax_row(row, T) > 0
+    soft = torch.softmax(row / T, -1)
+    return [(from_support(on, T), "divide by T: the weights are sparsemax(l / T), so the chain rule gives a 1/T"),
+            (from_support(on, 1.0), "divide by T, not by 1: the weights are sparsemax(l / T)"),
+            (from_support(torch.ones_like(on), 1 / T),
+             "S is the support of the weights (the keys with alpha_i > 0), not every key"),
+            (torch.diag(on.to(F64)) / T, "subtract 1_S 1_S^T / |S|: the weights must keep summing to one"),
+            (from_support(row > 0, 1 / T), "S is where the *weights* are positive, not where the logits are"),
+            ((torch.diag(soft) - torch.outer(soft, soft)) / T,
+             "that is the softmax Jacobian; sparsemax's depends only on its support S")]
+
+
+def _sparsemax_compare(f, row: torch.Tensor, T: float) -> None:
+    what = f"sparsemax_jacobian(row of {len(row)} logits, T={T:g})"
+    got = _tensor(what, f.sparsemax_jacobian(row.clone(), T), (len(row), len(row)))
+    _compare(what, got, _sparsemax_reference(row, T),
+             "it should be (diag(1_S) - 1_S 1_S^T / |S|) / T with S the keys where sparsemax(l / T) > 0",
+             _sparsemax_mistakes(row, T))
+
+
+def _sparsemax_values(f) -> None:
+    for seed in range(80, 84):
+        _sparsemax_compare(f, _randn(12, seed=seed, scale=2), 1.0)
+
+
+def _sparsemax_temperatures(f) -> None:
+    _sparsemax_compare(f, _randn(12, seed=85, scale=2), 0.1)
+    _sparsemax_compare(f, _randn(12, seed=86, scale=2), 5.0)
+
+
+def _sparsemax_single_key(f) -> None:
+    row = _randn(9, seed=87)
+    row[3] = 40.0  # one key takes all the weight: |S| = 1 and the Jacobian vanishes
+    _sparsemax_compare(f, row, 1.0)
+
+
+def _sparsemax_input_unchanged(f) -> None:
+    row = _randn(12, seed=88)
+    before = row.clone()
+    f.sparsemax_jacobian(row, 0.5)
+    if not torch.equal(row, before):
+        raise CheckFailed("sparsemax_jacobian changed its input row in place: work on a copy")
+
+
 # --- the registry --------------------------------------------------------------------------------------
 
 
@@ -429,6 +490,10 @@ EXERCISES: dict[str, Exercise] = {ex.key: ex for ex in [
                        "drawn with generator"},
              {"one row": _g_one_row, "temperatures": _g_temperatures, "bound": _g_bound,
               "input unchanged": _g_input_unchanged}),
+    Exercise("ch6-ex2", "ch6_beyond",
+             {"sparsemax_jacobian": "return (diag(1_S) - 1_S 1_S^T / |S|) / T, S = the support of sparsemax(row / T)"},
+             {"values": _sparsemax_values, "temperatures": _sparsemax_temperatures,
+              "one-key support": _sparsemax_single_key, "input unchanged": _sparsemax_input_unchanged}),
 ]}
 
 

@@ -346,3 +346,39 @@ def gradient_sensitivity(logits, Ts, epsilons=(1e-3, 1e-1, 10), mask=None, seed:
     summary["corollary3_bound"] = [theory.corollary3_bound(T) for T in summary["T"]]
     summary["finite_difference_bound"] = [theory.finite_difference_bound(T, e) for T, e in zip(summary["T"], summary["eps"])]
     return GradientSensitivity(heads, summary)
+
+
+# --- sampled query rows (chapters 2 and 6) ----------------------------------------------------------
+
+
+def sample_rows(length: int, per_octave: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Query rows (0-based) sampled per octave of positions, and how many rows each one stands for.
+
+    Row 0 is always kept; positions [a, 2a) for a = 1, 2, 4, ... keep ``per_octave`` evenly spread rows
+    (every row when the octave is no larger, or when ``per_octave`` is None). The weights sum to ``length``.
+    """
+    length = check_int("length", length, low=1)
+    if per_octave is not None:
+        per_octave = check_int("per_octave", per_octave, low=1)
+    rows, weight = [0], [1.0]
+    a = 1
+    while a < length:
+        b = min(2 * a, length)
+        if per_octave is None or b - a <= per_octave:
+            t = np.arange(a, b)
+        else:
+            t = a + np.floor((np.arange(per_octave) + 0.5) * (b - a) / per_octave).astype(int)
+        rows += t.tolist()
+        weight += [(b - a) / len(t)] * len(t)
+        a = b
+    return np.array(rows), np.array(weight)
+
+
+def octave_blocks(rows) -> list[tuple[np.ndarray, int]]:
+    """Group sampled rows (0-based, increasing) by octave: ``(positions in rows, K)`` per group, where K =
+    1 + the largest row of the group is the number of keys any row of the group can see (causal mask)."""
+    rows = np.asarray(rows)
+    if rows.ndim != 1 or len(rows) == 0 or (rows < 0).any() or (np.diff(rows) <= 0).any():
+        raise ValueError("rows must be a non-empty increasing 1-D array of row indices >= 0")
+    octave = np.array([int(t).bit_length() for t in rows])
+    return [(np.flatnonzero(octave == o), int(rows[octave == o].max()) + 1) for o in np.unique(octave)]

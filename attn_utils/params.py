@@ -96,6 +96,10 @@ SPECS: dict[str, Spec] = {
                         "the normalizers compared"),
     "rows_per_octave": Spec("None (every query row) or an integer >= 1", lambda v: v is None or _is_int(v, 1),
                             "query rows sampled per octave of positions [2^k, 2^(k+1)) in the distance experiments"),
+    "long_lengths": Spec("None (2L and 4L, as far as the model's context allows) or a non-empty increasing list of "
+                         "integers > L within the model's context (checked once the model is loaded)",
+                         lambda v: v is None or _int_list(3, increasing=True)(v),
+                         "windows longer than L for the long-context measurements (chapter ch6_beyond)"),
 }
 
 

@@ -703,23 +703,7 @@ pd.Series(session.summary(), name="value").to_frame()
 # exact ones of `experiments.distance_vs_n` on two layers. `rows_per_octave=None` evaluates every row.
 
 # %%
-def sample_rows(length, per_octave):
-    """Sampled query positions (0-based) and the number of rows each one stands for."""
-    rows, weight = [0], [1.0]
-    a = 1
-    while a < length:
-        b = min(2 * a, length)
-        if per_octave is None or b - a <= per_octave:
-            t = np.arange(a, b)
-        else:
-            t = a + np.floor((np.arange(per_octave) + 0.5) * (b - a) / per_octave).astype(int)
-        rows += t.tolist()
-        weight += [(b - a) / len(t)] * len(t)
-        a = b
-    return np.array(rows), np.array(weight)
-
-
-rows, row_weight = sample_rows(L_win, rows_per_octave)
+rows, row_weight = experiments.sample_rows(L_win, rows_per_octave)
 octave_of = np.array([int(t).bit_length() for t in rows])
 W_rows = captured.weights[:, :, torch.as_tensor(rows), :]  # (layers, heads, R, L), float32
 glue("m_rows", len(rows), display=False)

@@ -28,6 +28,11 @@
 #   model, measured at the paper's settings on the model named in the row.
 # - **not comparable**: our measurement cannot be compared with the paper's (for instance, the quantity
 #   is defined differently).
+#
+# The rows of chapter `ch6_beyond` ({doc}`ch6_beyond`) go beyond the paper: they test statements it makes
+# without measuring them (its remedies, its multi-head remark, its curves past 1024 tokens) on the
+# pretrained model's logits re-normalized without retraining, and our own propositions about the
+# remedies; each row's note states its rule.
 
 # %% tags=["parameters"]
 # This chapter has no parameters of its own: it reads the records that the other chapters of the same

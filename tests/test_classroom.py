@@ -147,6 +147,18 @@ def g_row_with(*, T_times=False, no_eps=False, unit=True, dtype=F64, in_place=Fa
     return {"g_row": g_row}
 
 
+def sparsemax_jacobian_with(*, scale=None, support="weights", centred=True, in_place=False):
+    def sparsemax_jacobian(row, T):
+        if in_place:
+            row /= T
+        weights = normalizers.sparsemax(row.unsqueeze(0), T=1.0 if in_place else T)[0]
+        on = {"weights": weights > 0, "logits": row > 0, "all": torch.ones_like(row, dtype=torch.bool)}[support]
+        on = on.to(F64)
+        J = torch.diag(on) - (torch.outer(on, on) / on.sum() if centred else 0)
+        return J * (1 / T if scale is None else scale)
+    return {"sparsemax_jacobian": sparsemax_jacobian}
+
+
 MISTAKES = [
     ("ch0-ex2", causal_softmax_with(axis=-2), "rows sum to one", "normalize over the keys (the last axis)"),
     ("ch0-ex2", causal_softmax_with(after=True), "rows sum to one", "mask the logits (with -inf) before"),
@@ -181,6 +193,13 @@ MISTAKES = [
     ("ch4-ex2", g_row_with(unit=False), "one row", "normalize the direction v to unit length"),
     ("ch4-ex2", g_row_with(dtype=torch.float32), "one row", "draw v in float64"),
     ("ch4-ex2", g_row_with(in_place=True), "input unchanged", "changed its input row in place"),
+    ("ch6-ex2", sparsemax_jacobian_with(scale=1.0), "temperatures", "divide by T, not by 1"),
+    ("ch6-ex2", sparsemax_jacobian_with(support="all"), "values", "S is the support of the weights"),
+    ("ch6-ex2", sparsemax_jacobian_with(support="logits"), "values", "where the *weights* are positive"),
+    ("ch6-ex2", sparsemax_jacobian_with(centred=False), "values", "subtract 1_S 1_S^T / |S|"),
+    ("ch6-ex2", {"sparsemax_jacobian": lambda row, T: torch.zeros(len(row) - 1, len(row), dtype=F64)}, "values",
+     "shape (11, 12) but expected (12, 12)"),
+    ("ch6-ex2", sparsemax_jacobian_with(in_place=True), "input unchanged", "changed its input row in place"),
 ]
 
 

@@ -156,3 +156,29 @@ def test_bad_input_names_the_parameter(data, call, name):
     w, x, _, logits = data
     with pytest.raises(ValueError, match=name):
         call(w, x, logits)
+
+
+# --- sampled rows -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("length", [1, 2, 7, 64, 1000, 4096])
+@pytest.mark.parametrize("per_octave", [None, 1, 3, 8])
+def test_sample_rows(length, per_octave):
+    rows, weight = experiments.sample_rows(length, per_octave)
+    assert rows[0] == 0 and (np.diff(rows) > 0).all() and rows[-1] < length
+    assert abs(weight.sum() - length) < 1e-9 * length
+    if per_octave is None:
+        assert rows.tolist() == list(range(length))
+    blocks = experiments.octave_blocks(rows)
+    assert sorted(np.concatenate([b for b, _ in blocks]).tolist()) == list(range(len(rows)))
+    for positions, K in blocks:
+        assert K == rows[positions].max() + 1 and K <= 2 * rows[positions].min() + 2
+
+
+def test_sample_rows_bad_input():
+    with pytest.raises(ValueError, match="length must be"):
+        experiments.sample_rows(0, 4)
+    with pytest.raises(ValueError, match="per_octave must be"):
+        experiments.sample_rows(8, 0)
+    with pytest.raises(ValueError, match="rows must be"):
+        experiments.octave_blocks([3, 1])

@@ -1,0 +1,631 @@
+"""Beyond the paper: its lenses applied to the normalizers its Discussion proposes (chapter ``ch6_beyond``).
+
+The paper (arXiv 2508.17821) closes by pointing at sparsemax and 1.5-entmax, scalable softmax (SSMax) and
+self-adjust softmax (SA-softmax) as remedies, without measuring them. This module holds what the chapter
+needs to measure them with the paper's own lenses, for every normalizer of :mod:`attn_utils.normalizers`:
+
+* **Lemma 1** (vanishing weights): :func:`row_stats` (largest and smallest weight magnitude, mass and
+  support of each row), :func:`lemma1_envelope` (the band every weight of a row with logits in [-a, a]
+  must lie in, per normalizer) and :func:`planted_weight_bound` (what a key whose logit stands out by a
+  fixed gap is guaranteed).
+* **Theorems 1 and 2** for weights that are not distributions: :func:`lens_distance` and
+  :func:`lens_separability`. They use two exact identities (chapter ``ch6_beyond``, "homogeneity"): for a
+  non-negative row with mass m > 0, d-tilde(alpha) = m * d-tilde(alpha / m) and N_s / N is the same for
+  alpha and alpha / m. Signed weights (self-adjust softmax) are refused: neither lens is defined for them.
+* **Gradients**: :func:`jacobian` and :func:`jvp`, the Jacobian d alpha / d l of every normalizer in closed
+  form (and its product with a direction), vectorised over rows.
+* **Several heads**: :func:`separated_keys` (which selected keys are geometrically distinguishable, the
+  indicator behind ``metrics.separability``), :func:`coverage` (keys covered by at least one head, the
+  prediction under independence and a permutation null) and :func:`head_association` (pairwise phi).
+
+Layouts follow :mod:`attn_utils.metrics`: weights and logits ``(..., R, L)``, vectors ``(..., L, d)``, a
+boolean ``mask`` broadcastable to the weights (``True`` = key visible). Public functions validate their
+input and raise ``ValueError`` naming the parameter.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from scipy.stats import chi2
+
+from attn_utils import metrics, normalizers
+from attn_utils.validation import as_tensor, check_choice, check_int, check_positive
+
+__all__ = [
+    "KIND",
+    "LABELS",
+    "CoverageResult",
+    "Envelope",
+    "Geometry",
+    "association_from_counts",
+    "coverage",
+    "geometry",
+    "geometry_weights",
+    "head_association",
+    "jacobian",
+    "jvp",
+    "lemma1_envelope",
+    "lens_distance",
+    "lens_separability",
+    "planted_weight_bound",
+    "resolve_long_lengths",
+    "row_stats",
+    "separated_keys",
+    "weight_kind",
+]
+
+#: Names for figures and tables.
+LABELS = {
+    "softmax": "softmax",
+    "sparsemax": "sparsemax",
+    "entmax15": "1.5-entmax",
+    "ssmax": "scalable softmax",
+    "softmax1": "softmax-1",
+    "self_adjust": "self-adjust softmax",
+    "self_adjust_normalized": "self-adjust (normalized)",
+    "general": "general Eq. (3)",
+}
+
+#: What a row of each normalizer is: a probability distribution, a non-negative row of mass <= 1
+#: ("sub-distribution"), or a row of weights of either sign ("signed").
+KIND = {
+    "softmax": "distribution", "general": "distribution", "sparsemax": "distribution",
+    "entmax15": "distribution", "ssmax": "distribution",
+    "softmax1": "sub-distribution", "self_adjust_normalized": "sub-distribution",
+    "self_adjust": "signed",
+}
+
+JACOBIAN_NAMES = ("softmax", "sparsemax", "entmax15", "ssmax", "softmax1", "self_adjust", "self_adjust_normalized")
+
+# Tolerance of "a weight is negative" when deciding whether a row can be rescaled into a distribution.
+_NEGATIVE_ATOL = 1e-12
+# Temporaries of one chunk hold about this many float64 numbers.
+_CHUNK = 1 << 21
+
+
+def weight_kind(name: str) -> str:
+    """``"distribution"``, ``"sub-distribution"`` or ``"signed"`` for normalizer ``name``."""
+    check_choice("name", name, KIND)
+    return KIND[name]
+
+
+# --- input handling ---------------------------------------------------------------------------------
+
+
+def _rows(name: str, value) -> torch.Tensor:
+    t = as_tensor(name, value)
+    if t.ndim < 1 or not t.is_floating_point() or t.shape[-1] == 0:
+        raise ValueError(f"{name} must be a float tensor of shape (..., L) with L >= 1, got {tuple(t.shape)}")
+    return t
+
+
+def _visible(mask, shape: torch.Size) -> torch.Tensor:
+    if mask is None:
+        return torch.ones((), dtype=torch.bool).expand(shape)
+    m = as_tensor("mask", mask)
+    if m.dtype != torch.bool:
+        raise ValueError(f"mask must be a boolean tensor (True = key visible), got dtype {m.dtype}")
+    try:
+        return m.expand(shape)
+    except RuntimeError:
+        raise ValueError(f"mask of shape {tuple(m.shape)} does not broadcast to {tuple(shape)}") from None
+
+
+# --- Lemma 1 lens -----------------------------------------------------------------------------------
+
+
+def row_stats(weights, mask=None) -> dict[str, torch.Tensor]:
+    """Per row (shape ``(...)`` for weights ``(..., L)``), over the visible keys:
+
+    ``max`` = max_i |alpha_i|, ``min`` = min_i |alpha_i|, ``mass`` = sum_i alpha_i, ``support`` = the number of
+    keys with alpha_i != 0, ``length`` = the number of visible keys. Magnitudes make the definition work for
+    signed weights (self-adjust softmax); for non-negative weights they are the weights. Rows without a
+    visible key have NaN ``max`` and ``min``. Computed in float64.
+    """
+    w = _rows("weights", weights).to(torch.float64)
+    if not torch.isfinite(w).all():
+        raise ValueError("weights must be finite (found NaN or inf)")
+    visible = _visible(mask, w.shape)
+    a = w.abs()
+    seen = visible.any(-1)
+    nan = torch.tensor(torch.nan, dtype=torch.float64)
+    return {
+        "max": torch.where(seen, torch.where(visible, a, -torch.inf).amax(-1), nan),
+        "min": torch.where(seen, torch.where(visible, a, torch.inf).amin(-1), nan),
+        "mass": torch.where(visible, w, 0.0).sum(-1),
+        "support": (visible & (w != 0)).sum(-1),
+        "length": visible.sum(-1),
+    }
+
+
+class Envelope(NamedTuple):
+    """Bounds ``lower <= |alpha_i| <= upper`` valid for every key of every row of L logits in [-a, a]."""
+
+    lower: float
+    upper: float
+
+
+def lemma1_envelope(name: str, a: float, L: int, T: float = 1.0, s: float = 1.0) -> Envelope:
+    """The band every weight magnitude of a row of ``L`` logits in ``[-a, a]`` lies in (chapter ch6, Prop. 1-2).
+
+    * softmax (Corollary 1): e^{-2a/T} / L and e^{2a/T} / L;
+    * softmax-1: e^{-a/T} / (1 + L e^{a/T}) and e^{a/T} / (1 + L e^{-a/T}), both Theta(1/L);
+    * self-adjust: 0 and (a/T) e^{2a/T} / L; normalized self-adjust: 0 and e^{2a/T} / L;
+    * scalable softmax (n = L visible keys): L^{-2sa/T} / L and min(1, L^{2sa/T} / L), no decay once 2sa/T >= 1;
+    * sparsemax and 1.5-entmax: 0 and 1 (no decay is forced, and exact zeros occur).
+    """
+    check_choice("name", name, JACOBIAN_NAMES)
+    a = float(a)
+    if not math.isfinite(a) or a < 0:
+        raise ValueError(f"a must be a finite number >= 0, got {a!r}")
+    L = check_int("L", L, low=1)
+    T, s = check_positive("T", T), check_positive("s", s)
+    b = a / T
+    if name == "softmax":
+        return Envelope(math.exp(-2 * b) / L, min(1.0, math.exp(2 * b) / L))
+    if name == "softmax1":
+        return Envelope(math.exp(-b) / (1 + L * math.exp(b)), math.exp(b) / (1 + L * math.exp(-b)))
+    if name == "self_adjust":
+        return Envelope(0.0, b * min(1.0, math.exp(2 * b) / L))
+    if name == "self_adjust_normalized":
+        return Envelope(0.0, min(1.0, math.exp(2 * b) / L))
+    if name == "ssmax":
+        spread = 2 * s * b * math.log(L)  # log(M_F / m_F) with F = L^{s l / T}
+        return Envelope(math.exp(-spread) / L, min(1.0, math.exp(spread) / L))
+    return Envelope(0.0, 1.0)  # sparsemax, entmax15
+
+
+def planted_weight_bound(name: str, gap: float, L: int, T: float = 1.0, s: float = 1.0) -> float:
+    """A lower bound on the weight of a key whose logit exceeds every other logit of its row by >= ``gap``.
+
+    The row has ``L`` keys. softmax: 1 / (1 + (L - 1) e^{-gap/T}) (tends to 0 as L grows); scalable softmax:
+    1 / (1 + (L - 1) L^{-s gap / T}) (tends to 1 when s gap / T > 1); sparsemax: 1 if gap >= T; 1.5-entmax: 1 if
+    gap >= 2T; otherwise 1 / L (the largest weight of a distribution over L keys). Defined for these four.
+    """
+    check_choice("name", name, ("softmax", "ssmax", "sparsemax", "entmax15"))
+    gap = float(gap)
+    if not math.isfinite(gap) or gap < 0:
+        raise ValueError(f"gap must be a finite number >= 0, got {gap!r}")
+    L = check_int("L", L, low=1)
+    T, s = check_positive("T", T), check_positive("s", s)
+    if L == 1:
+        return 1.0
+    if name == "softmax":
+        return 1.0 / (1.0 + (L - 1) * math.exp(-gap / T))
+    if name == "ssmax":
+        return 1.0 / (1.0 + (L - 1) * math.exp(-s * math.log(L) * gap / T))
+    threshold = T if name == "sparsemax" else 2 * T
+    return 1.0 if gap >= threshold else 1.0 / L
+
+
+# --- Theorem 1 and 2 lenses for rows that are not distributions ---------------------------------------
+
+
+def geometry_weights(weights) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split non-negative weights ``(..., R, L)`` into a distribution and its mass: ``(alpha / m, m)``.
+
+    ``m`` is the row sum (shape ``(..., R)``); rows with m = 0 stay zero. Float64. Raises ``ValueError`` for
+    weights of either sign (self-adjust softmax): no rescaling turns them into a distribution.
+    """
+    w = _rows("weights", weights).to(torch.float64)
+    if w.ndim < 2:
+        raise ValueError(f"weights must have shape (..., R, L), got {tuple(w.shape)}")
+    if not torch.isfinite(w).all():
+        raise ValueError("weights must be finite (found NaN or inf)")
+    if (w < -_NEGATIVE_ATOL).any():
+        raise ValueError("weights must be non-negative: the distance and separability lenses are not defined "
+                         f"for signed weights (found {w.min().item():.3g}); self-adjust softmax is such a case")
+    w = w.clamp(min=0)
+    m = w.sum(-1)
+    return w / torch.where(m > 0, m, 1.0).unsqueeze(-1), m
+
+
+def lens_distance(weights, x, N: int, mask=None, reading: str = "sum_of_norms") -> torch.Tensor:
+    """d-tilde (Eq. (7), ``metrics.cumulative_distance``) of each row of non-negative weights, any mass.
+
+    d-tilde is positively homogeneous of degree one in the weights and the top-N set is scale invariant, so
+    d-tilde(alpha) = m * d-tilde(alpha / m) exactly; the distribution alpha / m goes through the library.
+    NaN on rows that see at most N keys or have mass 0. Shape ``(..., R)``.
+    """
+    w, m = geometry_weights(weights)
+    selected, valid = metrics.top_n_mask(w, N, mask)
+    d = metrics.cumulative_distance(w, x, selected, mask, reading=reading) * m
+    return d.masked_fill(~(valid & (m > 0)), torch.nan)
+
+
+def lens_separability(weights, x, N: int, mask=None, M: float = 1.0, normalize: bool = True) -> torch.Tensor:
+    """N_s / N (Definition (10), ``metrics.separability``) of each row of non-negative weights, any mass.
+
+    Every distance ||alpha_i x_i - s|| and the radius r scale by the same factor m, so the count is that of
+    alpha / m. NaN on rows that see at most N keys or have mass 0. Shape ``(..., R)``.
+    """
+    w, m = geometry_weights(weights)
+    ratio, _ = metrics.separability(w, x, N, mask, M=M, normalize=normalize)
+    return ratio.masked_fill(~(m > 0), torch.nan)
+
+
+class Geometry(NamedTuple):
+    """The Theorem 1 and Theorem 2 lenses of one top-N size, per row (see :func:`geometry`)."""
+
+    distance: torch.Tensor      # d-tilde, sum-of-norms reading, (..., R); NaN on invalid rows
+    separability: torch.Tensor  # N_s / N, (..., R); NaN on invalid rows
+    selected: torch.Tensor      # the top-N set, (..., R, L)
+    separated: torch.Tensor     # its distinguishable keys, (..., R, L); False on invalid rows
+    valid: torch.Tensor         # L_r > N and mass > 0, (..., R)
+
+
+def geometry(weights, x, N, mask=None, *, sphere=None, M: float = 1.0):
+    """d-tilde and N_s / N of every row in one pass, for non-negative weights of any mass.
+
+    The same quantities as :func:`lens_distance` (d-tilde with the vectors ``x``, sum-of-norms reading) and
+    :func:`lens_separability` (N_s / N with the vectors projected onto the sphere of radius ``M``; pass them
+    as ``sphere`` when they are already projected, to skip the projection), computed directly on the given
+    weights: d-tilde is homogeneous and N_s / N scale invariant, so no rescaling is needed. The vectors are
+    validated, and their norms computed, once for every top-N size: ``N`` may be one size (returns a
+    :class:`Geometry`) or a list of sizes (returns ``{N: Geometry}``), which makes this the fast path for
+    many rows, heads and normalizers. ``weights`` (..., R, L), ``x`` and ``sphere`` (..., L, d).
+    """
+    distribution, m = geometry_weights(weights)
+    w = as_tensor("weights", weights).to(torch.float64).clamp(min=0)  # the weights as given (validated above)
+    M = check_positive("M", M)
+    xs = _vectors("x", x, w)
+    sph = metrics.project_to_sphere(xs, M) if sphere is None else _vectors("sphere", sphere, w)
+    lead = torch.broadcast_shapes(w.shape[:-2], xs.shape[:-2], sph.shape[:-2])
+    R, L = w.shape[-2:]
+    w = w.expand(*lead, R, L)
+    xs, sph = xs.expand(*lead, *xs.shape[-2:]), sph.expand(*lead, *sph.shape[-2:])
+    norms = (xs.square().sum(-1).unsqueeze(-2), sph.square().sum(-1).unsqueeze(-2))
+    visible = _visible(mask, w.shape)
+    single = not isinstance(N, (list, tuple))
+    out = {}
+    for n in ([N] if single else N):
+        selected, valid = metrics.top_n_mask(distribution, n, mask)
+        selected = selected.expand(*lead, R, L)
+        valid = (valid & (m > 0)).expand(*lead, R)
+        outside = visible & ~selected
+        keep = torch.where(selected, w, 0.0)
+        dist = _distances(w, xs, keep @ xs, norms[0])
+        distance = torch.where(outside, dist, 0.0).sum(-1)
+        dist = _distances(w, sph, keep @ sph, norms[1])
+        r = torch.where(outside, dist, torch.inf).amin(-1, keepdim=True)
+        separated = selected & (dist < r) & valid.unsqueeze(-1)
+        ratio = separated.sum(-1).to(torch.float64) / int(n)
+        nan = torch.tensor(torch.nan, dtype=torch.float64)
+        out[n] = Geometry(torch.where(valid, distance, nan), torch.where(valid, ratio, nan), selected, separated,
+                          valid)
+    return out[N] if single else out
+
+
+def _vectors(name: str, x, w: torch.Tensor) -> torch.Tensor:
+    xs = as_tensor(name, x)
+    if xs.ndim < 2 or not xs.is_floating_point() or xs.shape[-2] != w.shape[-1]:
+        raise ValueError(f"{name} must be a float tensor of shape (..., L, d) with L = {w.shape[-1]}, "
+                         f"got {tuple(xs.shape)}")
+    xs = xs.to(torch.float64)
+    if not torch.isfinite(xs).all():
+        raise ValueError(f"{name} must contain only finite numbers (found NaN or inf)")
+    try:
+        torch.broadcast_shapes(w.shape[:-2], xs.shape[:-2])
+    except RuntimeError:
+        raise ValueError(f"the leading dims of {name} {tuple(xs.shape[:-2])} and weights {tuple(w.shape[:-2])} "
+                         "do not broadcast") from None
+    return xs
+
+
+# --- gradients ----------------------------------------------------------------------------------------
+
+
+class _Parts(NamedTuple):
+    """What the closed-form Jacobians need for one normalizer (tensors of the logits' shape or (..., 1))."""
+
+    name: str
+    scale: torch.Tensor  # multiplies J_z: 1/T, or s log(n) / T for ssmax, shape (..., 1)
+    a: torch.Tensor      # the "weights" of the symmetric part (alpha, support indicator, sqrt(alpha), p)
+    extra: dict
+
+
+def _parts(logits, name: str, mask, T: float, s: float) -> _Parts:
+    check_choice("name", name, JACOBIAN_NAMES)
+    l = _rows("logits", logits).to(torch.float64)
+    T = check_positive("T", T)
+    visible = _visible(mask, l.shape)
+    scale = torch.full((*l.shape[:-1], 1), 1.0 / T, dtype=torch.float64)
+    if name == "ssmax":
+        s = check_positive("s", s)
+        n = visible.sum(-1, keepdim=True).clamp(min=1).to(torch.float64)
+        return _Parts(name, scale * s * torch.log(n), normalizers.ssmax(l, mask=mask, s=s, T=T), {})
+    if name in ("softmax", "softmax1"):
+        return _Parts(name, scale, normalizers.normalize(l, name, mask=mask, T=T), {})
+    if name == "sparsemax":
+        return _Parts(name, scale, (normalizers.sparsemax(l, mask=mask, T=T) > 0).to(torch.float64), {})
+    if name == "entmax15":
+        return _Parts(name, scale, normalizers.entmax15(l, mask=mask, T=T).clamp(min=0).sqrt(), {})
+    p = normalizers.softmax(l, mask=mask, T=T)
+    z = torch.where(visible, l, 0.0) / T
+    if name == "self_adjust":
+        return _Parts(name, scale, p, {"z": z})
+    # normalized self-adjust: alpha = f * p with f = (z - lo) / (hi - lo), lo = min(z_min, 0), hi = max(z_max, 0)
+    z_min = torch.where(visible, z, torch.inf).amin(-1, keepdim=True)
+    z_max = torch.where(visible, z, -torch.inf).amax(-1, keepdim=True)
+    lo, hi = z_min.clamp(max=0), z_max.clamp(min=0)
+    span = hi - lo
+    ok = span > 0
+    safe = torch.where(ok, span, 1.0)
+    f = torch.where(ok, (z - lo) / safe, 0.0)
+    # d lo / d z_k and d hi / d z_k: shared evenly among tied extremes (as autograd does for amin / amax)
+    at_min = (visible & (z == z_min)).to(torch.float64)
+    at_max = (visible & (z == z_max)).to(torch.float64)
+    dlo = torch.where(z_min < 0, at_min / at_min.sum(-1, keepdim=True).clamp(min=1), 0.0)
+    dhi = torch.where(z_max > 0, at_max / at_max.sum(-1, keepdim=True).clamp(min=1), 0.0)
+    return _Parts(name, scale, p, {"z": z, "lo": lo, "span": safe, "ok": ok, "f": f, "dlo": dlo, "dhi": dhi})
+
+
+def _symmetric_jvp(a: torch.Tensor, v: torch.Tensor, total: torch.Tensor | None) -> torch.Tensor:
+    """(diag(a) - a a^T / total) v, with total = 1 when None."""
+    dot = (a * v).sum(-1, keepdim=True)
+    if total is None:
+        return a * v - a * dot
+    return a * v - a * dot / torch.where(total > 0, total, 1.0)
+
+
+def jvp(logits, v, name: str, *, mask=None, T: float = 1.0, s: float = 1.0) -> torch.Tensor:
+    """J v for each row: the derivative of ``normalize(logits, name, mask=mask, T=T)`` along direction ``v``.
+
+    Closed forms (z = l / T; J_l = J_z / T, and s log(n) / T for scalable softmax):
+
+    * softmax, softmax-1, scalable softmax: J_z = diag(alpha) - alpha alpha^T (softmax-1's alpha sums to < 1);
+    * sparsemax: J_z = diag(sigma) - sigma sigma^T / |S|, sigma the indicator of the support S;
+    * 1.5-entmax: J_z = diag(r) - r r^T / sum(r), r = sqrt(alpha);
+    * self-adjust, alpha = z p with p = softmax(z): J_z = diag(p (1 + z)) - (z p) p^T;
+    * normalized self-adjust, alpha = f p: J_z = diag(f) (diag(p) - p p^T) + diag(p) df/dz.
+
+    ``v`` broadcasts to the logits; entries at masked keys do not matter. Float64, shape of the logits.
+    Non-differentiable points (support changes, tied extremes) get the one-sided value autograd would give.
+    """
+    parts = _parts(logits, name, mask, T, s)
+    v = _rows("v", v).to(torch.float64)
+    try:
+        v = v.expand(parts.a.shape)
+    except RuntimeError:
+        raise ValueError(f"v of shape {tuple(v.shape)} does not broadcast to logits {tuple(parts.a.shape)}") from None
+    visible = _visible(mask, parts.a.shape)
+    v = torch.where(visible, v, 0.0)
+    if not torch.isfinite(v).all():
+        raise ValueError("v must be finite at visible keys (found NaN or inf)")
+    a, e = parts.a, parts.extra
+    if name in ("softmax", "softmax1", "ssmax"):
+        out = _symmetric_jvp(a, v, None)
+    elif name in ("sparsemax", "entmax15"):
+        out = _symmetric_jvp(a, v, a.sum(-1, keepdim=True))
+    elif name == "self_adjust":
+        out = a * (1 + e["z"]) * v - e["z"] * a * (a * v).sum(-1, keepdim=True)
+    else:
+        jp = _symmetric_jvp(a, v, None)
+        v_lo, v_hi = (e["dlo"] * v).sum(-1, keepdim=True), (e["dhi"] * v).sum(-1, keepdim=True)
+        dfv = (v - v_lo) / e["span"] - (e["z"] - e["lo"]) * (v_hi - v_lo) / e["span"] ** 2
+        out = torch.where(e["ok"], e["f"] * jp + a * dfv, 0.0)
+    return parts.scale * out
+
+
+def jacobian(logits, name: str, *, mask=None, T: float = 1.0, s: float = 1.0) -> torch.Tensor:
+    """The Jacobian J[..., i, k] = d alpha_i / d l_k of each row, shape ``(..., L, L)``, in closed form.
+
+    Same formulas as :func:`jvp` (which computes J v without forming J). Rows and columns of masked keys are 0.
+    """
+    parts = _parts(logits, name, mask, T, s)
+    a, e = parts.a, parts.extra
+    outer = a.unsqueeze(-1) * a.unsqueeze(-2)
+    if name in ("softmax", "softmax1", "ssmax"):
+        J = torch.diag_embed(a) - outer
+    elif name in ("sparsemax", "entmax15"):
+        total = a.sum(-1, keepdim=True).unsqueeze(-1)
+        J = torch.diag_embed(a) - outer / torch.where(total > 0, total, 1.0)
+    elif name == "self_adjust":
+        z = e["z"]
+        J = torch.diag_embed(a * (1 + z)) - (z * a).unsqueeze(-1) * a.unsqueeze(-2)
+    else:
+        Jp = torch.diag_embed(a) - outer
+        eye = torch.eye(a.shape[-1], dtype=torch.float64)
+        span = e["span"].unsqueeze(-1)
+        df = ((eye - e["dlo"].unsqueeze(-2)) / span
+              - (e["z"] - e["lo"]).unsqueeze(-1) * (e["dhi"] - e["dlo"]).unsqueeze(-2) / span ** 2)
+        J = e["f"].unsqueeze(-1) * Jp + a.unsqueeze(-1) * df
+        J = torch.where(e["ok"].unsqueeze(-1), J, 0.0)
+    return parts.scale.unsqueeze(-1) * J
+
+
+# --- several heads: separated keys and coverage ----------------------------------------------------------
+
+
+def separated_keys(weights, x, N: int, mask=None, M: float = 1.0,
+                   normalize: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Which of the top-N keys of each row are geometrically distinguishable (Definition (10)).
+
+    Returns ``(selected, separated, valid)``: ``selected`` (..., R, L) is the top-N set of
+    ``metrics.top_n_mask``; ``separated`` (..., R, L) marks the selected keys i with
+    ||alpha_i x_i - s|| < r, r = min over the visible non-selected keys j of ||alpha_j x_j - s|| (the strict
+    count of ``metrics.separability``, whose ratio is ``separated.sum(-1) / N``); ``valid`` (..., R) is
+    L_r > N. ``x`` (..., L, d) is projected onto the sphere of radius ``M`` when ``normalize``. On invalid
+    rows ``separated`` is all False. (The indicator of :func:`geometry`.)
+    """
+    g = geometry(weights, x, N, mask, sphere=None if normalize else x, M=M)
+    return g.selected, g.separated, g.valid
+
+
+def _distances(w: torch.Tensor, x: torch.Tensor, s: torch.Tensor, x2: torch.Tensor | None = None) -> torch.Tensor:
+    """||alpha_i x_i - s_r|| for every row r and key i, shape (..., R, L).
+
+    Gram form ||a - s||^2 = ||s||^2 + alpha_i (alpha_i ||x_i||^2 - 2 <x_i, s>) with <x_i, s> from one matmul;
+    its rounding error is about d eps (||a||^2 + ||s||^2), so entries below 1e-2 ||s||^2 (a close to s, where
+    the relative error would grow) are recomputed as direct differences. A key of weight 0 gets exactly ||s||.
+    """
+    if x2 is None:
+        x2 = x.square().sum(-1).unsqueeze(-2)              # (..., 1, L)
+    s2 = s.square().sum(-1, keepdim=True)                  # (..., R, 1)
+    sq = s2 + w * (w * x2 - 2.0 * (s @ x.mT))
+    close = sq < 1e-2 * s2
+    if close.any():
+        *lead, r, i = close.nonzero(as_tuple=True)
+        diff = w[close].unsqueeze(-1) * x[(*lead, i)] - s[(*lead, r)]
+        sq[close] = diff.square().sum(-1)
+    return sq.clamp_(min=0).sqrt_()
+
+
+class CoverageResult(NamedTuple):
+    """Per row (shape ``(..., R)``, NaN or 0 on invalid rows) and per permutation.
+
+    ``union``: |U|, the number of keys in the top-N set of at least one head; ``covered``: keys of U
+    separated by at least one head; ``expected``: the expected number covered if each head's separated keys
+    were a uniformly random subset (of the same size) of its own top-N set, independently across heads;
+    ``paper``: the paper's fraction 1 - (1 - p)^H with p the mean over heads of N_s / N; ``separated``:
+    N_s per head, ``(..., H, R)``; ``null``: the total number covered (summed over valid rows) in each of
+    ``n_perm`` permutations that shuffle each head's separated indicator within its own top-N set,
+    ``(n_perm, ...)``; ``valid``: the rows used.
+    """
+
+    union: torch.Tensor
+    covered: torch.Tensor
+    expected: torch.Tensor
+    paper: torch.Tensor
+    separated: torch.Tensor
+    null: torch.Tensor
+    valid: torch.Tensor
+
+
+def _head_tensors(selected, separated, valid):
+    sel = as_tensor("selected", selected)
+    sep = as_tensor("separated", separated)
+    if sel.dtype != torch.bool or sep.dtype != torch.bool or sel.ndim < 3 or sel.shape != sep.shape:
+        raise ValueError("selected and separated must be boolean tensors of the same shape (..., H, R, L), got "
+                         f"{sel.dtype} {tuple(sel.shape)} and {sep.dtype} {tuple(sep.shape)}")
+    if (sep & ~sel).any():
+        raise ValueError("separated must lie inside selected: a separated key is not selected")
+    ok = as_tensor("valid", valid)
+    if ok.dtype != torch.bool:
+        raise ValueError(f"valid must be a boolean tensor, got dtype {ok.dtype}")
+    try:
+        ok = ok.expand(sel.shape[:-1])
+    except RuntimeError:
+        try:
+            ok = ok.unsqueeze(-2).expand(sel.shape[:-1])
+        except RuntimeError:
+            raise ValueError(f"valid of shape {tuple(ok.shape)} matches neither (..., H, R) nor (..., R) of "
+                             f"{tuple(sel.shape[:-1])}") from None
+    ok = ok.all(-2)  # a row is used when it is valid for every head
+    return sel & ok.unsqueeze(-2).unsqueeze(-1), sep & ok.unsqueeze(-2).unsqueeze(-1), ok
+
+
+def coverage(selected, separated, valid, N: int, n_perm: int = 0, generator=None) -> CoverageResult:
+    """Multi-head coverage of the paper's Discussion, measured: heads on dim -3, rows on -2, keys on -1.
+
+    The universe of a row is U = the union over heads of their top-N sets. Under the null hypothesis the
+    N_s^h separated keys of head h are a uniformly random subset of its top-N set, independently across heads;
+    then a key i of U is missed by every head with probability prod_{h : i in I_N^h} (1 - N_s^h / N), which
+    gives ``expected`` exactly, and the permutations give the null distribution of the total. Every valid
+    row must have exactly N selected keys per head (``metrics.top_n_mask`` guarantees it).
+    """
+    sel, sep, ok = _head_tensors(selected, separated, valid)
+    N = check_int("N", N, low=1, high=sel.shape[-1])
+    n_perm = check_int("n_perm", n_perm, low=0)
+    counts = sel.sum(-1)
+    if (counts[ok.unsqueeze(-2).expand_as(counts)] != N).any():
+        raise ValueError(f"every valid row must select exactly N = {N} keys per head")
+    H = sel.shape[-3]
+    k = sep.sum(-1)  # (..., H, R)
+    union = sel.any(-3)  # (..., R, L)
+    covered = sep.any(-3).sum(-1)
+    miss = torch.where(sel, 1.0 - k.unsqueeze(-1).to(torch.float64) / N, 1.0).prod(-3)  # (..., R, L)
+    expected = torch.where(union, 1.0 - miss, 0.0).sum(-1)
+    p = (k.to(torch.float64) / N).mean(-2)
+    paper = 1.0 - (1.0 - p) ** H
+    nan = torch.tensor(torch.nan, dtype=torch.float64)
+    n_union = union.sum(-1)
+    null = _coverage_null(sel, sep, union, ok, N, n_perm, generator)
+    return CoverageResult(union=torch.where(ok, n_union, 0), covered=torch.where(ok, covered, 0),
+                          expected=torch.where(ok, expected, nan), paper=torch.where(ok, paper, nan),
+                          separated=torch.where(ok.unsqueeze(-2), k, 0), null=null, valid=ok)
+
+
+def _coverage_null(sel, sep, union, ok, N: int, n_perm: int, generator) -> torch.Tensor:
+    """Totals covered (summed over valid rows) under within-head shuffles, shape (n_perm, ...)."""
+    lead = sel.shape[:-3]
+    if n_perm == 0:
+        return torch.zeros((0, *lead), dtype=torch.float64)
+    H, R, L = sel.shape[-3:]
+    # positions of each head's N selected keys (index order), on valid rows; dummy 0..N-1 elsewhere
+    order = torch.sort(sel.to(torch.int8), dim=-1, descending=True, stable=True).indices[..., :N]  # (..., H, R, N)
+    sep_sel = sep.gather(-1, order)
+    slot = (union.cumsum(-1) - 1).clamp(min=0)  # position of each key inside U
+    pos = slot.unsqueeze(-3).expand(*lead, H, R, L).gather(-1, order)  # (..., H, R, N)
+    width = max(1, int(union.sum(-1).max()))
+    pos = pos.movedim(-3, -2).reshape(*lead, R, H * N)
+    rows_ok = ok.to(torch.float64)
+    out = torch.empty((n_perm, *lead), dtype=torch.float64)
+    per_draw = max(1, _CHUNK // max(1, sep_sel.numel()))
+    for p0 in range(0, n_perm, per_draw):
+        P = min(per_draw, n_perm - p0)
+        keys = torch.rand((P, *sep_sel.shape), generator=generator, dtype=torch.float64)
+        shuffled = sep_sel.unsqueeze(0).expand(P, *sep_sel.shape).gather(-1, keys.argsort(-1))
+        shuffled = shuffled.movedim(-3, -2).reshape(P, *lead, R, H * N).to(torch.float64)
+        hits = torch.zeros((P, *lead, R, width), dtype=torch.float64)
+        hits.scatter_add_(-1, pos.unsqueeze(0).expand(P, *pos.shape), shuffled)
+        out[p0:p0 + P] = ((hits > 0).sum(-1).to(torch.float64) * rows_ok).sum(-1)
+    return out
+
+
+def head_association(selected, separated, valid) -> dict[str, torch.Tensor]:
+    """Pairwise association of the heads' separation, over the keys both heads select.
+
+    For heads h, h' (dim -3) the observations are the (row, key) pairs with the key in both top-N sets, on
+    the valid rows; the 2 x 2 table counts whether each head separates the key. Returns tensors of shape
+    ``(..., H, H)``: the counts ``n11`` (both separate), ``n10``, ``n01``, ``n00`` (neither), and what
+    :func:`association_from_counts` makes of them. The diagonal compares a head with itself. Tables of
+    several row blocks add up: sum their counts and call :func:`association_from_counts`.
+    """
+    sel, sep, _ = _head_tensors(selected, separated, valid)
+    A = sel.flatten(-2).to(torch.float64)   # (..., H, R * L)
+    B = sep.flatten(-2).to(torch.float64)
+    C = A - B                               # selected but not separated
+    counts = {"n11": B @ B.mT, "n10": B @ C.mT, "n01": C @ B.mT, "n00": C @ C.mT}
+    return {**counts, **association_from_counts(**counts)}
+
+
+def association_from_counts(n11, n10, n01, n00) -> dict[str, torch.Tensor]:
+    """``n`` (observations), ``phi`` (the phi coefficient of the 2 x 2 tables; NaN when a margin is empty),
+    ``chi2`` = n phi^2 and ``pvalue`` (chi-square, one degree of freedom, no continuity correction; it assumes
+    independent observations)."""
+    n11, n10, n01, n00 = (as_tensor(k, v).to(torch.float64) for k, v in
+                          (("n11", n11), ("n10", n10), ("n01", n01), ("n00", n00)))
+    n = n11 + n10 + n01 + n00
+    denominator = (n11 + n10) * (n01 + n00) * (n11 + n01) * (n10 + n00)
+    phi = torch.where(denominator > 0, (n11 * n00 - n10 * n01) / denominator.clamp(min=1e-300).sqrt(), torch.nan)
+    stat = n * phi ** 2
+    pvalue = torch.from_numpy(chi2.sf(stat.numpy(), 1)).to(torch.float64)
+    return {"n": n, "phi": phi, "chi2": stat, "pvalue": pvalue}
+
+
+def resolve_long_lengths(long_lengths, L: int, context: int) -> list[int]:
+    """The windows longer than ``L`` that the chapter's long-context part reads.
+
+    ``None`` means 2L and 4L, keeping those within the model's ``context`` (possibly none). A list must be
+    increasing lengths in [L + 1, context]; anything else raises ``ValueError`` naming ``long_lengths`` and
+    the allowed range, before any heavy work.
+    """
+    L = check_int("L", L, low=2)
+    context = check_int("context", context, low=1)
+    if long_lengths is None:
+        return [m * L for m in (2, 4) if m * L <= context]
+    ok = (isinstance(long_lengths, (list, tuple)) and len(long_lengths) > 0
+          and all(isinstance(v, int) and not isinstance(v, bool) and L < v <= context for v in long_lengths)
+          and all(a < b for a, b in zip(long_lengths, long_lengths[1:])))
+    if not ok:
+        allowed = (f"increasing lengths in [{L + 1}, {context}] (longer than L = {L}, within the model's context "
+                   f"of {context} tokens)" if context > L else
+                   f"None: the model's context of {context} tokens leaves no length above L = {L}")
+        raise ValueError(f"parameter long_lengths must be None or {allowed}, got {long_lengths!r}")
+    return list(long_lengths)
+
+
+# --- sampled rows ---------------------------------------------------------------------------------------
