@@ -101,18 +101,6 @@ def _rows(name: str, value) -> torch.Tensor:
     return t
 
 
-def _visible(mask, shape: torch.Size) -> torch.Tensor:
-    if mask is None:
-        return torch.ones((), dtype=torch.bool).expand(shape)
-    m = as_tensor("mask", mask)
-    if m.dtype != torch.bool:
-        raise ValueError(f"mask must be a boolean tensor (True = key visible), got dtype {m.dtype}")
-    try:
-        return m.expand(shape)
-    except RuntimeError:
-        raise ValueError(f"mask of shape {tuple(m.shape)} does not broadcast to {tuple(shape)}") from None
-
-
 # --- Lemma 1 lens -----------------------------------------------------------------------------------
 
 
@@ -127,7 +115,7 @@ def row_stats(weights, mask=None) -> dict[str, torch.Tensor]:
     w = _rows("weights", weights).to(torch.float64)
     if not torch.isfinite(w).all():
         raise ValueError("weights must be finite (found NaN or inf)")
-    visible = _visible(mask, w.shape)
+    visible = metrics._visible(mask, w.shape)
     a = w.abs()
     seen = visible.any(-1)
     nan = torch.tensor(torch.nan, dtype=torch.float64)
@@ -277,7 +265,7 @@ def geometry(weights, x, N, mask=None, *, sphere=None, M: float = 1.0):
     w = w.expand(*lead, R, L)
     xs, sph = xs.expand(*lead, *xs.shape[-2:]), sph.expand(*lead, *sph.shape[-2:])
     norms = (xs.square().sum(-1).unsqueeze(-2), sph.square().sum(-1).unsqueeze(-2))
-    visible = _visible(mask, w.shape)
+    visible = metrics._visible(mask, w.shape)
     single = not isinstance(N, (list, tuple))
     out = {}
     for n in ([N] if single else N):
@@ -330,7 +318,7 @@ def _parts(logits, name: str, mask, T: float, s: float) -> _Parts:
     check_choice("name", name, JACOBIAN_NAMES)
     l = _rows("logits", logits).to(torch.float64)
     T = check_positive("T", T)
-    visible = _visible(mask, l.shape)
+    visible = metrics._visible(mask, l.shape)
     scale = torch.full((*l.shape[:-1], 1), 1.0 / T, dtype=torch.float64)
     if name == "ssmax":
         s = check_positive("s", s)
@@ -390,7 +378,7 @@ def jvp(logits, v, name: str, *, mask=None, T: float = 1.0, s: float = 1.0) -> t
         v = v.expand(parts.a.shape)
     except RuntimeError:
         raise ValueError(f"v of shape {tuple(v.shape)} does not broadcast to logits {tuple(parts.a.shape)}") from None
-    visible = _visible(mask, parts.a.shape)
+    visible = metrics._visible(mask, parts.a.shape)
     v = torch.where(visible, v, 0.0)
     if not torch.isfinite(v).all():
         raise ValueError("v must be finite at visible keys (found NaN or inf)")
