@@ -1006,7 +1006,7 @@ glue("m_usable_ratios", ", ".join(f"{LABEL[n]} {fmt(usable_model[n])}" for n in 
 #
 # ## Summary: the remedies under the paper's lenses
 
-# %%
+# %% tags=["hide-input"]
 def yes_no(flag: bool) -> str:
     return "yes" if flag else "no"
 
@@ -1053,7 +1053,6 @@ glue("verdicts", " ".join(verdict_text(n) for n in NAMES), display=False)
 both = [LABEL[n] for n in NAMES if escapes[n] and keeps_syn[n] and keeps_model[n]]
 glue("both_text", ("Only " + ", ".join(both) + " both escapes Lemma 1 and keeps a usable gradient") if both else
      "No rule measured here both escapes Lemma 1 and keeps a usable gradient", display=False)
-summary
 
 # %% [markdown]
 # ```{glue} summary_table
@@ -1065,8 +1064,9 @@ summary
 # The propositions explain the pattern. Escaping the $1/L$ decay needs the length in $\theta$ or a
 # rule that is not a positive $F$ normalized by a sum. The sparse rules escape it, but they pay with
 # the gradient: an exact zero has no derivative, and at low temperature a one-key support has none
-# at all. On the model they keep fewer than $N$ keys on part of the rows ({glue:text}`m_short` at
-# $N=${glue:text}`m_Nmax`; separability on the rows whose support holds $N$ keys:
+# at all. On the model their support is often smaller than $N$, and then the top-$N$ set holds keys
+# of weight zero (share of the rows with fewer than $N$ keys at $N=${glue:text}`m_Nmax`:
+# {glue:text}`m_short`; separability on the rows whose support holds $N$ keys:
 # {glue:text}`m_sep_full`). Scalable softmax escapes by sharpening with
 # the length, which makes it *more* prone to the one-hot saturation of {doc}`ch4_gradient` (its
 # Jacobian carries the factor $s\log n$). Softmax-1 is softmax with a leak: same separability, same
