@@ -37,4 +37,4 @@ clean:
 
 # regenerate the paired .ipynb copies (no outputs) from the py:percent sources
 pair: $(STAMP)
-	$(VENV)/bin/jupytext --to ipynb --update-metadata '{"jupytext": {"formats": "ipynb,py:percent"}}' notebooks/*.py
+	$(VENV)/bin/jupytext --to ipynb --update --update-metadata '{"jupytext": {"formats": "ipynb,py:percent"}}' notebooks/*.py
