@@ -25,8 +25,10 @@ $(STAMP): pyproject.toml Makefile
 book: $(STAMP)
 	$(VENV)/bin/attn-companion book $(foreach p,$(PARAMS),-p $(subst =, ,$(p)))
 
+# two workers, one per core, each with one intra-op thread (more would oversubscribe the cores);
+# --dist loadfile keeps a file on one worker, so the whole-book build of tests/test_book.py runs once
 test: $(STAMP)
-	$(PY) -m pytest -q
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile
 
 benchmark: $(STAMP)
 	$(PY) benchmarks/bench_algorithms.py
