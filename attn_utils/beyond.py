@@ -267,16 +267,19 @@ def geometry(weights, x, N, mask=None, *, sphere=None, M: float = 1.0):
     norms = (xs.square().sum(-1).unsqueeze(-2), sph.square().sum(-1).unsqueeze(-2))
     visible = metrics._visible(mask, w.shape)
     single = not isinstance(N, (list, tuple))
+    Ns = [N] if single else list(N)
+    dist_w = metrics._weights(distribution)
+    Ns = [metrics._top_n_count(n, dist_w) for n in Ns]
+    tops = metrics._top_ns(dist_w, metrics._visible(mask, dist_w.shape), Ns)  # one partial sort for every N
     out = {}
-    for n in ([N] if single else N):
-        selected, valid = metrics.top_n_mask(distribution, n, mask)
+    for n, (selected, valid) in zip(Ns, tops):
         selected = selected.expand(*lead, R, L)
         valid = (valid & (m > 0)).expand(*lead, R)
         outside = visible & ~selected
         keep = torch.where(selected, w, 0.0)
-        dist = _distances(w, xs, keep @ xs, norms[0])
+        dist = metrics._key_distances(w, xs, keep @ xs, norms[0])
         distance = torch.where(outside, dist, 0.0).sum(-1)
-        dist = _distances(w, sph, keep @ sph, norms[1])
+        dist = metrics._key_distances(w, sph, keep @ sph, norms[1])
         r = torch.where(outside, dist, torch.inf).amin(-1, keepdim=True)
         separated = selected & (dist < r) & valid.unsqueeze(-1)
         ratio = separated.sum(-1).to(torch.float64) / int(n)
@@ -440,25 +443,6 @@ def separated_keys(weights, x, N: int, mask=None, M: float = 1.0,
     """
     g = geometry(weights, x, N, mask, sphere=None if normalize else x, M=M)
     return g.selected, g.separated, g.valid
-
-
-def _distances(w: torch.Tensor, x: torch.Tensor, s: torch.Tensor, x2: torch.Tensor | None = None) -> torch.Tensor:
-    """||alpha_i x_i - s_r|| for every row r and key i, shape (..., R, L).
-
-    Gram form ||a - s||^2 = ||s||^2 + alpha_i (alpha_i ||x_i||^2 - 2 <x_i, s>) with <x_i, s> from one matmul;
-    its rounding error is about d eps (||a||^2 + ||s||^2), so entries below 1e-2 ||s||^2 (a close to s, where
-    the relative error would grow) are recomputed as direct differences. A key of weight 0 gets exactly ||s||.
-    """
-    if x2 is None:
-        x2 = x.square().sum(-1).unsqueeze(-2)              # (..., 1, L)
-    s2 = s.square().sum(-1, keepdim=True)                  # (..., R, 1)
-    sq = s2 + w * (w * x2 - 2.0 * (s @ x.mT))
-    close = sq < 1e-2 * s2
-    if close.any():
-        *lead, r, i = close.nonzero(as_tuple=True)
-        diff = w[close].unsqueeze(-1) * x[(*lead, i)] - s[(*lead, r)]
-        sq[close] = diff.square().sum(-1)
-    return sq.clamp_(min=0).sqrt_()
 
 
 class CoverageResult(NamedTuple):

@@ -125,15 +125,17 @@ def _context(w: torch.Tensor, x: torch.Tensor, selected: torch.Tensor) -> torch.
     return torch.where(selected, w, 0.0) @ x
 
 
-def _key_distances(w: torch.Tensor, x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """||alpha_i x_i - s_r|| for every row r and key i, shape (..., R, L).
+def _key_distances(w: torch.Tensor, x: torch.Tensor, s: torch.Tensor, x2: torch.Tensor | None = None) -> torch.Tensor:
+    """||alpha_i x_i - s_r|| for every row r and key i, shape (..., R, L); ``x2`` = the squared key norms
+    (..., 1, L), when the caller has them already.
 
     Gram form ||a - s||^2 = alpha_i (alpha_i ||x_i||^2 - 2 <x_i, s>) + ||s||^2 with <x_i, s> from one
     matmul. Its rounding error is about d * eps * (||a||^2 + ||s||^2); where the result is below
     _CANCELLATION * ||s||^2 (a close to s) the entry is recomputed as a direct difference. That also
     catches every negative rounding result (if ||s|| = 0 the formula is alpha_i^2 ||x_i||^2 >= 0), so no clamp.
     """
-    x2 = x.square().sum(-1).unsqueeze(-2)
+    if x2 is None:
+        x2 = x.square().sum(-1).unsqueeze(-2)
     s2 = s.square().sum(-1, keepdim=True)
     sq = torch.addcmul(s2, w, torch.addcmul(s @ x.mT, w, x2, value=-0.5), value=-2.0)
     close = sq < _CANCELLATION * s2
