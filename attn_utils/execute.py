@@ -3,8 +3,8 @@
 The ``py:percent`` files in ``notebooks/`` are the sources. :func:`execute_notebook` turns one into
 an executed ``.ipynb`` (jupytext, then papermill); :func:`build_book` executes every notebook of
 ``_toc.yml`` into a fresh staging folder, builds the HTML there with ``-W`` and only then swaps it
-into ``_build/html``, so a failed build never replaces the last good book. Tracked files are never
-modified.
+into ``_build/html``, so a failed or interrupted build never replaces the last good book. Tracked
+files are never modified.
 """
 from __future__ import annotations
 
@@ -24,12 +24,15 @@ import jupytext
 import nbformat
 import papermill
 import yaml
+from traitlets.config import Config
 
 from .params import validate
 from . import runlog
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = ROOT / "notebooks"
+# CurveZMQ-encrypted kernel connections, as the kernel's "running over TCP without encryption" warning advises
+KERNEL_CONFIG = Config({"KernelManager": {"transport_encryption": "auto"}})
 
 
 class NotebookFailed(RuntimeError):
@@ -92,7 +95,8 @@ def execute_notebook(src: Path, out: Path, parameters: dict[str, Any] | None = N
     """Execute ``src`` (py:percent) with papermill into ``out`` (.ipynb); return the wall time in seconds.
 
     ``run_dir`` is exported as ``ATTN_COMPANION_RUN_DIR`` so notebooks can leave artefacts
-    (claims, timings) for later notebooks. Raises :class:`NotebookFailed` naming the notebook.
+    (claims, timings) for later notebooks. Raises :class:`NotebookFailed` naming the notebook. The
+    kernel is killed when execution ends, also on KeyboardInterrupt.
     """
     parameters = dict(parameters or {})
     check_parameters(src, parameters)
@@ -104,9 +108,10 @@ def execute_notebook(src: Path, out: Path, parameters: dict[str, Any] | None = N
         nb_in = Path(tmp) / f"{src.stem}.ipynb"
         nbformat.write(nb, nb_in)
         start = time.perf_counter()
-        try:
+        try:  # "immediate": an interrupted kernel is killed at once, not asked to shut down mid-cell
             papermill.execute_notebook(str(nb_in), str(out), parameters=parameters, cwd=str(src.parent),
-                                       kernel_name="python3", progress_bar=progress, execution_timeout=timeout)
+                                       kernel_name="python3", progress_bar=progress, execution_timeout=timeout,
+                                       config=KERNEL_CONFIG, shutdown_kernel="immediate")
         except papermill.PapermillExecutionError as exc:
             raise NotebookFailed(f"notebook {src.name} failed: {exc.ename}: {exc.evalue}") from None
     return time.perf_counter() - start
@@ -145,6 +150,29 @@ def toc_files(root: Path = ROOT) -> list[str]:
     return files
 
 
+def _remove_stale_staging(folder: Path) -> None:
+    """Remove the ``.staging-<pid>-*`` folders of builds that are no longer running (killed ones)."""
+    for staging in folder.glob(".staging-*"):
+        pid = staging.name.split("-")[1]
+        if not (pid.isdigit() and _alive(int(pid))):
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0 only checks that the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists and belongs to another user
+        pass
+    return True
+
+
+def book_notebooks(root: Path = ROOT) -> list[Path]:
+    """The notebook sources of the book, in reading order."""
+    return [root / f"{f}.py" for f in toc_files(root) if f.startswith("notebooks/")]
+
+
 @dataclass
 class BookResult:
     html: Path              # the built book
@@ -161,7 +189,7 @@ def build_book(parameters: dict[str, Any] | None = None, *, root: Path = ROOT, o
     """
     parameters = dict(parameters or {})
     out = (out or root / "_build" / "html").resolve()
-    notebooks = [root / f"{f}.py" for f in toc_files(root) if f.startswith("notebooks/")]
+    notebooks = book_notebooks(root)
     declared = {nb: notebook_parameters(nb) for nb in notebooks}
     unknown = sorted(set(parameters) - set().union(*declared.values()))
     if unknown:
@@ -170,7 +198,8 @@ def build_book(parameters: dict[str, Any] | None = None, *, root: Path = ROOT, o
     validate(**parameters)
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=out.parent))
+    _remove_stale_staging(out.parent)
+    staging = Path(tempfile.mkdtemp(prefix=f".staging-{os.getpid()}-", dir=out.parent))
     try:
         for name in ("_config.yml", "_toc.yml", "book"):
             src = root / name

@@ -15,8 +15,11 @@ Conventions of this module (ours; the paper does not fix them):
 * **Separability** counts a selected point as distinguishable when it is *strictly* closer to s than
   every non-selected point (see :func:`separability`).
 
-The public functions validate their input and raise ``ValueError`` naming the parameter. The
-underscore functions skip validation; ``attn_utils.experiments`` validates once per layer and calls them.
+The public functions validate their input and raise ``ValueError`` naming the parameter: zero keys
+(L = 0) and, where a row must see a key (Algorithm 5), fully masked rows are refused; zero rows give
+empty results. Distances are homogeneous of degree 1 in x, so they are computed on x / c, c a power of
+two per head (exact), and multiplied by c: finite for every finite x. The underscore functions skip
+validation; ``attn_utils.experiments`` validates once per layer and calls them.
 """
 from __future__ import annotations
 
@@ -24,8 +27,16 @@ import math
 
 import torch
 
-from attn_utils.theory import SUM_ATOL
-from attn_utils.validation import as_tensor, check_choice, check_int, check_positive, check_rows_sum_to_one
+from attn_utils.theory import SUM_ATOL, _unit_scale
+from attn_utils.validation import (
+    as_tensor,
+    check_choice,
+    check_int,
+    check_keys,
+    check_positive,
+    check_rows_sum_to_one,
+    check_visible_rows,
+)
 
 __all__ = [
     "context_vector",
@@ -59,6 +70,7 @@ def _weights(weights) -> torch.Tensor:
     w = as_tensor("weights", weights)
     if w.ndim < 2 or not w.is_floating_point():
         raise ValueError(f"weights must be a float tensor of shape (..., R, L), got shape {tuple(w.shape)}")
+    check_keys("weights", w)
     return check_rows_sum_to_one("weights", w.to(torch.float64), atol=SUM_ATOL)
 
 
@@ -113,7 +125,7 @@ def _row_blocks(visible: torch.Tensor):
     numbers, and k = 1 + the last key that any row of the block sees (keys beyond are never needed;
     for a causal mask this halves the work)."""
     *lead, R, L = visible.shape
-    step = max(1, _BLOCK_ELEMENTS // (math.prod(lead) * L))
+    step = max(1, _BLOCK_ELEMENTS // max(1, math.prod(lead) * L))
     for r0 in range(0, R, step):
         rows = slice(r0, min(R, r0 + step))
         seen = visible[..., rows, :].reshape(-1, L).any(0).nonzero()
@@ -203,6 +215,7 @@ def _separability(w, x, selected, visible, valid, N: int) -> tuple[torch.Tensor,
 
 
 def _project(x: torch.Tensor, M: float) -> torch.Tensor:
+    x = _unit_scale(x, dims=1)[0]  # x / ||x|| is scale-free; the norm of x / c cannot overflow
     norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
     return M * x / torch.where(norm > 0, norm, 1.0)
 
@@ -259,7 +272,8 @@ def cumulative_distance(weights, x, selected, mask=None, reading: str = "sum_of_
         d = sum_{i visible, i not in I_N} ||alpha_i x_i - s||.
     ``reading="norm_of_sum"`` (the alternative of NOTES §2 [INFERRED]):
         d = ||sum_{i visible, i not in I_N} (alpha_i x_i - s)||.
-    ``selected`` must lie inside the mask. A row without non-selected visible keys gives 0.
+    ``selected`` must lie inside the mask. A row without non-selected visible keys gives 0. Both readings
+    are homogeneous of degree 1 in x: d(c x) = c d(x) (computed so, see the module's docstring).
     """
     w, xs = _with_vectors(_weights(weights), x)
     visible = _visible(mask, w.shape)
@@ -267,7 +281,8 @@ def cumulative_distance(weights, x, selected, mask=None, reading: str = "sum_of_
     if (selected & ~visible).any():
         raise ValueError("selected must lie inside mask: a selected key is not visible")
     check_choice("reading", reading, READINGS)
-    return _cumulative_distance(w, xs, selected, visible, reading)
+    xs, c = _unit_scale(xs)
+    return _cumulative_distance(w, xs, selected, visible, reading) * c.unsqueeze(-1)
 
 
 def expected_distance_mc(weights, x, N: int, mask=None, n_samples: int = 256, generator=None,
@@ -283,12 +298,13 @@ def expected_distance_mc(weights, x, N: int, mask=None, n_samples: int = 256, ge
     n_samples = check_int("n_samples", n_samples, low=1)
     check_choice("reading", reading, READINGS)
     visible = _visible(mask, w.shape)
+    xs, c = _unit_scale(xs)
     total = torch.zeros(w.shape[:-1], dtype=torch.float64)
     for _ in range(n_samples):
         scores = torch.rand(w.shape, generator=generator, dtype=torch.float64).masked_fill_(~visible, -1.0)
         subset = torch.zeros(w.shape, dtype=torch.bool).scatter_(-1, torch.topk(scores, N, dim=-1).indices, True)
         total += _cumulative_distance(w, xs, subset & visible, visible, reading)
-    return (total / n_samples).masked_fill_(_lengths(visible) <= N, torch.nan)
+    return (total / n_samples * c.unsqueeze(-1)).masked_fill_(_lengths(visible) <= N, torch.nan)
 
 
 def project_to_sphere(x, M: float = 1.0) -> torch.Tensor:
@@ -319,10 +335,12 @@ def separability(weights, x, N: int, mask=None, M: float = 1.0,
     N = _top_n_count(N, w)
     M = check_positive("M", M)
     visible = _visible(mask, w.shape)
+    xs, c = _unit_scale(xs)  # r is homogeneous of degree 1 in x, the ratio of degree 0
     if normalize:
-        xs = _project(xs, M)
+        xs, c = _project(xs, M), torch.ones_like(c)
     selected, valid = _top_n(w, visible, N)
-    return _separability(w, xs, selected, visible, valid, N)
+    ratio, r = _separability(w, xs, selected, visible, valid, N)
+    return ratio, r * c.unsqueeze(-1)
 
 
 def min_pairwise_distance(x) -> torch.Tensor:
@@ -336,9 +354,8 @@ def min_pairwise_distance(x) -> torch.Tensor:
     x = as_tensor("x", x)
     if x.ndim < 2 or x.shape[-2] < 2 or not x.is_floating_point() or not torch.isfinite(x).all():
         raise ValueError(f"x must be a finite float tensor of shape (..., L, d) with L >= 2, got {tuple(x.shape)}")
-    x = x.to(torch.float64)
     lead, (L, d) = x.shape[:-2], x.shape[-2:]
-    x = x.reshape(-1, L, d)
+    x, c = _unit_scale(x.to(torch.float64).reshape(math.prod(lead), L, d))  # delta(c x) = c delta(x)
     sq = x.square().sum(-1)
     gram = torch.baddbmm(sq.unsqueeze(-1) + sq.unsqueeze(-2), x, x.mT, alpha=-2)
     gram.diagonal(dim1=-2, dim2=-1).fill_(torch.inf)
@@ -346,18 +363,19 @@ def min_pairwise_distance(x) -> torch.Tensor:
     head, i, j = (gram <= (gram.amin((-2, -1)) + slack)[:, None, None]).nonzero(as_tuple=True)
     exact = torch.linalg.vector_norm(x[head, i] - x[head, j], dim=-1)
     out = torch.full((x.shape[0],), torch.inf, dtype=torch.float64).scatter_reduce_(0, head, exact, "amin")
-    return out.reshape(lead)
+    return (out * c).reshape(lead)
 
 
 def random_directions(mask, generator=None) -> torch.Tensor:
     """Independent unit vectors v_r, uniform on the sphere of each row's visible coordinates (Alg. 5).
 
-    Normalised Gaussian draws; masked coordinates are 0. ``mask`` is a boolean (..., R, L) tensor; a
-    row without visible keys is NaN.
+    Normalised Gaussian draws; masked coordinates are 0. ``mask`` is a boolean (..., R, L) tensor with
+    L >= 1 and a visible key in every row (ValueError naming the row otherwise: it has no unit vector).
     """
     visible = as_tensor("mask", mask)
     if visible.dtype != torch.bool or visible.ndim < 1:
         raise ValueError(f"mask must be a boolean tensor of shape (..., R, L), got {visible.dtype}")
+    check_visible_rows("mask", check_keys("mask", visible))
     return _directions(visible, generator)
 
 
@@ -365,15 +383,19 @@ def finite_difference_gradient(logits, T: float, eps: float, mask=None, generato
     """g_r = ||softmax((l_r + eps v_r) / T) - softmax(l_r / T)|| / eps per row (Algorithm 5, NOTES §3.4).
 
     l_r is row r of ``logits`` (..., R, L), softmax runs over the visible keys only, and v_r comes from
-    :func:`random_directions` with ``generator``. Rows without visible keys are NaN. The logit scale
-    (raw q.k or the model's q.k / sqrt(d)) is whatever the caller passes.
+    :func:`random_directions` with ``generator``. L >= 1, and every row must see a key (softmax over no
+    key is undefined): ValueError naming ``mask`` and the row otherwise. The logit scale (raw q.k or the
+    model's q.k / sqrt(d)) is whatever the caller passes.
     """
     l = as_tensor("logits", logits)
     if l.ndim < 2 or not l.is_floating_point():
         raise ValueError(f"logits must be a float tensor of shape (..., R, L) (one row: shape (1, L)), "
                          f"got shape {tuple(l.shape)}")
+    check_keys("logits", l)
     T, eps = check_positive("T", T), check_positive("eps", eps)
     visible = _visible(mask, l.shape)
+    if mask is not None:
+        check_visible_rows("mask", visible)
     if not (torch.isfinite(l) | ~visible).all():
         raise ValueError("logits must be finite at visible keys (NaN or inf found)")
     l = l.to(torch.float64)

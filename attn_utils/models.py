@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from attn_utils.corpus import data_dir, sha256_file
+from attn_utils.corpus import sha256_file
 from attn_utils.provenance import Provenance
 
 HUB_TIMEOUT_S = 10
@@ -45,8 +45,12 @@ class ModelUnavailable(RuntimeError):
 
 
 def models_dir() -> Path:
-    """Cache of converted models: ``$ATTN_COMPANION_MODELS``, else ``data_dir() / "models"``."""
-    return Path(os.environ.get("ATTN_COMPANION_MODELS") or data_dir() / "models").expanduser()
+    """Cache of converted models: ``$ATTN_COMPANION_MODELS``, else ``$XDG_CACHE_HOME/attn-companion/models``
+    (``~/.cache/attn-companion/models`` when XDG_CACHE_HOME is unset)."""
+    if os.environ.get("ATTN_COMPANION_MODELS"):
+        return Path(os.environ["ATTN_COMPANION_MODELS"]).expanduser()
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser()
+    return cache / "attn-companion" / "models"
 
 
 def resolve_device(device: str | torch.device = "cpu") -> torch.device:
@@ -97,12 +101,9 @@ def load_model(name: str = "auto", *, device: str | torch.device = "cpu", dtype:
     dev = resolve_device(device)
     notes = []
     if name == "auto":
-        try:
-            model, tokenizer, info = _load_hf("gpt2", dtype)
-            notes.append("auto: took gpt2 (it could be loaded)")
-        except ModelUnavailable as err:
-            model, tokenizer, info = _load_smollm2(dtype)
-            notes.append(f"auto: took smollm2-135m because gpt2 is unavailable: {str(err).splitlines()[0]}")
+        chosen, why = choose_auto()
+        notes.append(f"auto: took {chosen} because {why}")
+        model, tokenizer, info = _load_hf(chosen, dtype) if chosen == "gpt2" else _load_smollm2(dtype)
     elif name == "gpt2-random":
         model, tokenizer, info = _load_gpt2_random(seed, dtype)
     elif name == "smollm2-135m":
@@ -131,32 +132,60 @@ def _offline() -> bool:
     return constants.HF_HUB_OFFLINE or any(f.upper() in {"1", "ON", "YES", "TRUE"} for f in flags)
 
 
-def _hub_folder(repo: str) -> Path:
-    """A local snapshot of a hub repository (json, text and safetensors files only)."""
-    from huggingface_hub import HfApi, snapshot_download
-    from huggingface_hub.errors import RepositoryNotFoundError
+def _cached_snapshot(repo: str) -> Path | None:
+    """The hub repository's snapshot in the local Hugging Face cache, if it holds safetensors weights."""
+    from huggingface_hub import snapshot_download
 
     try:
         folder = Path(snapshot_download(repo, allow_patterns=_HUB_FILES, local_files_only=True))
-        if any(folder.glob("*.safetensors")):
-            return folder
     except Exception:  # not cached (LocalEntryNotFoundError and friends)
-        pass
+        return None
+    return folder if any(folder.glob("*.safetensors")) else None
+
+
+def _hub_info(repo: str):
+    """The hub's record of ``repo`` (asked within ``HUB_TIMEOUT_S``); ``ModelUnavailable`` saying why if there is none."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import RepositoryNotFoundError
+
     todo = (f"\nDownload it where the hub is reachable (e.g. `hf download {repo}`) and pass the folder, "
             "or use 'smollm2-135m' (embedded, works offline).")
     if _offline():
         raise ModelUnavailable(f"{repo} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set{todo}")
     try:
-        info = HfApi().model_info(repo, timeout=HUB_TIMEOUT_S)
+        return HfApi().model_info(repo, timeout=HUB_TIMEOUT_S)
     except RepositoryNotFoundError:
         raise ModelUnavailable(f"{repo} is not a model on the Hugging Face hub (nor a local folder); known names: "
                                f"{', '.join(KNOWN_MODELS)}") from None
     except Exception as err:
         raise ModelUnavailable(f"{repo} is not in the local Hugging Face cache and the hub could not be reached "
                                f"within {HUB_TIMEOUT_S} s ({type(err).__name__}: {err}){todo}") from None
+
+
+def _hub_folder(repo: str) -> Path:
+    """A local snapshot of a hub repository (json, text and safetensors files only), downloaded if not cached."""
+    from huggingface_hub import snapshot_download
+
+    folder = _cached_snapshot(repo)
+    if folder is not None:
+        return folder
+    info = _hub_info(repo)
     if not any(s.rfilename.endswith(".safetensors") for s in info.siblings or []):
         raise ValueError(f"{repo} has no safetensors weights on the hub; pickled weights (.bin) are refused")
     return Path(snapshot_download(repo, revision=info.sha, allow_patterns=_HUB_FILES, etag_timeout=HUB_TIMEOUT_S))
+
+
+def choose_auto() -> tuple[str, str]:
+    """What ``model='auto'`` takes, and why: ``gpt2`` when it is in the local Hugging Face cache or the hub answers
+    (within ``HUB_TIMEOUT_S``), else ``smollm2-135m``. Nothing is downloaded."""
+    repo = HUB_MODELS["gpt2"]
+    if _cached_snapshot(repo) is not None:
+        return "gpt2", "GPT-2 is in the local Hugging Face cache"
+    try:
+        _hub_info(repo)
+    except ModelUnavailable as err:
+        return "smollm2-135m", f"GPT-2 could not be loaded here ({str(err).splitlines()[0]})"
+    return "gpt2", "GPT-2 can be downloaded from the Hugging Face hub"
 
 
 def _safetensors(folder: Path) -> list[Path]:

@@ -2,12 +2,18 @@
 time. ``load_model`` fills in the model part; experiments add the corpus, windows and seed and time themselves."""
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import platform
+import re
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
+
+LOCK_FILE = Path(__file__).resolve().parents[1] / "requirements.txt"
+_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;#]+)", re.M)
 
 
 def package_versions() -> dict[str, str]:
@@ -20,6 +26,29 @@ def package_versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             versions[label] = "not installed"
     return versions
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def lock_status(lock: Path = LOCK_FILE) -> dict:
+    """The environment's lock file (pip-compile's ``requirements.txt``): its sha256, how many exact pins it holds,
+    and the pins that the running environment does not match (``name: locked != installed``)."""
+    if not lock.is_file():
+        return {"file": str(lock), "sha256": "", "pins": 0, "differ": ["no lock file beside the package"]}
+    text = lock.read_text()
+    differ = []
+    pins = _PIN.findall(text)
+    for name, locked in pins:
+        try:
+            installed = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            installed = "not installed"
+        if installed.split("+")[0] != locked.split("+")[0]:
+            differ.append(f"{_canonical(name)}: {locked} != {installed}")
+    return {"file": lock.name, "sha256": hashlib.sha256(text.encode()).hexdigest(), "pins": len(pins),
+            "differ": differ}
 
 
 @dataclass
@@ -43,6 +72,7 @@ class Provenance:
     window_offsets: tuple[int, ...] = ()
     seed: int | None = None
     versions: dict = field(default_factory=package_versions)
+    lock: dict = field(default_factory=lock_status)
     started_at: str = ""            # ISO 8601, UTC
     wall_time_s: float | None = None
     notes: list[str] = field(default_factory=list)
@@ -107,13 +137,23 @@ class Provenance:
         if self.L is not None:
             rows.append(("windows", f"L = {self.L}, offsets {_offsets(self.window_offsets)}"))
         rows += [("seed", str(self.seed)), ("device", f"{self.device}, {self.dtype}"),
-                 ("versions", ", ".join(f"{k} {v}" for k, v in self.versions.items()))]
+                 ("versions", ", ".join(f"{k} {v}" for k, v in self.versions.items())),
+                 ("environment", _lock_line(self.lock))]
         if self.wall_time_s is not None:
             rows.append(("wall time", f"{self.wall_time_s:.1f} s (started {self.started_at})"))
         rows += [("note", n) for n in self.notes]
         lines = ["| provenance | |", "|---|---|"]
         lines += [f"| {k} | {str(v).replace('|', '/')} |" for k, v in rows]
         return "\n".join(lines)
+
+
+def _lock_line(lock: dict) -> str:
+    if not lock.get("sha256"):
+        return "; ".join(lock.get("differ", [])) or "no lock file"
+    differ = lock["differ"]
+    match = (f"all {lock['pins']} pins installed" if not differ else
+             f"{len(differ)} of {lock['pins']} pins differ: {', '.join(differ[:5])}{', ...' if len(differ) > 5 else ''}")
+    return f"{lock['file']} sha256 {_short(lock['sha256'])} ({match})"
 
 
 def _short(sha: str) -> str:

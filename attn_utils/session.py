@@ -61,11 +61,15 @@ class Session:
 
     @property
     def choice(self) -> str:
-        """How the model was chosen, as a sentence for the book."""
-        if self.provenance.requested == "auto":
-            why = next((n for n in self.provenance.notes if n.startswith("auto:")), "")
-            return f"It was chosen by model='auto' ({why.removeprefix('auto: ')})."
-        return f"It was requested explicitly (model='{self.provenance.requested}')."
+        """How the model was chosen, as plain sentences for the book (the technical reason stays in the provenance)."""
+        if self.provenance.requested != "auto":
+            return f"It was requested explicitly (model='{self.provenance.requested}')."
+        if self.name == "gpt2":
+            return "It was chosen by model='auto': GPT-2 small, the paper's own model."
+        return ("GPT-2, the paper's model, could not be loaded on the machine that built this book, so model='auto' "
+                "took SmolLM2-135M instead: every model measurement in this book is on SmolLM2-135M, a pretrained "
+                "model whose Q4_1-quantised weights are dequantised to float32. The technical reason is in each "
+                "chapter's provenance table.")
 
     @property
     def n_layers(self) -> int:

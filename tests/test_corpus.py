@@ -1,21 +1,15 @@
 import hashlib
-import time
+import lzma
+import socket
 
 import pytest
 import torch
 
 from attn_utils import corpus
-from attn_utils.corpus import Corpus, data_dir, load_text, split_chapters, strip_gutenberg, token_windows
+from attn_utils.corpus import Corpus, CorpusDamaged, load_text, split_chapters, strip_gutenberg, token_windows
 from attn_utils.models import gpt2_tokenizer
 
 OPENING = "“Well, Prince, so Genoa and Lucca are now just family estates of the"
-
-
-@pytest.fixture
-def seeded(data_cache):
-    if not (data_cache / "pg2600.txt").is_file():
-        pytest.skip("../shared/data/war-and-peace/pg2600.txt is missing, so the data cache could not be seeded")
-    return data_cache / "pg2600.txt"
 
 
 @pytest.fixture(scope="module")
@@ -25,46 +19,96 @@ def tokenizer():
     return tok
 
 
-def _no_download(*args, **kwargs):
-    raise OSError("network unreachable (test)")
+@pytest.fixture
+def raw_novel():
+    """The bytes of pg2600.txt, decompressed from the shipped copy (no hash check)."""
+    return lzma.decompress(corpus.WAR_AND_PEACE_DATA.read_bytes())
 
 
-def test_data_dir_follows_environment(monkeypatch, tmp_path):
-    monkeypatch.setenv("ATTN_COMPANION_DATA", str(tmp_path))
-    assert data_dir() == tmp_path
-    monkeypatch.delenv("ATTN_COMPANION_DATA")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert data_dir() == tmp_path / "xdg" / "attn-companion"
+@pytest.fixture
+def shipped_copy(tmp_path, monkeypatch):
+    """A copy of the shipped file that the corpus reads instead of the real one, for tests that damage it."""
+    copy = tmp_path / "data" / corpus.WAR_AND_PEACE_DATA.name
+    copy.parent.mkdir()
+    copy.write_bytes(corpus.WAR_AND_PEACE_DATA.read_bytes())
+    monkeypatch.setattr(corpus, "WAR_AND_PEACE_DATA", copy)
+    return copy
 
 
-def test_war_and_peace_comes_from_the_cache_without_download(seeded, monkeypatch):
-    monkeypatch.setattr(corpus, "_download", _no_download)
-    assert corpus.war_and_peace_path() == seeded
+def test_the_novel_ships_with_the_package_and_has_the_pinned_hash(raw_novel):
+    assert corpus.WAR_AND_PEACE_DATA.is_file() and corpus.WAR_AND_PEACE_DATA.stat().st_size < 1_000_000
+    assert hashlib.sha256(raw_novel).hexdigest() == corpus.WAR_AND_PEACE_SHA256
+    assert raw_novel.startswith("\ufeff".encode()) and b"The Project Gutenberg EBook of War and Peace" in raw_novel
+    assert b"END OF THIS PROJECT GUTENBERG EBOOK WAR AND PEACE" in raw_novel  # licence kept: a verbatim copy
 
 
-def test_missing_corpus_offline_says_what_to_do(monkeypatch, tmp_path):
-    monkeypatch.setenv("ATTN_COMPANION_DATA", str(tmp_path))
-    monkeypatch.setattr(corpus, "_download", _no_download)
-    start = time.perf_counter()
-    with pytest.raises(FileNotFoundError, match="ATTN_COMPANION_DATA") as err:
+def test_the_novel_is_read_without_network_or_cache(monkeypatch):
+    def no_network(*args, **kwargs):
+        raise AssertionError("reading the shipped novel must not touch the network")
+
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    monkeypatch.setattr(corpus.urllib.request, "urlopen", no_network)
+    c = load_text(chapters=(1, 1))
+    assert c.name == corpus.WAR_AND_PEACE and c.source == str(corpus.WAR_AND_PEACE_DATA)
+    assert c.sha256 == corpus.WAR_AND_PEACE_SHA256
+
+
+def test_an_edited_copy_is_refused_with_both_hashes_and_the_repair(shipped_copy, raw_novel):
+    edited = raw_novel.replace(b"Genoa and Lucca", b"Genoa and Lucky", 1)
+    shipped_copy.write_bytes(lzma.compress(edited))
+    with pytest.raises(CorpusDamaged) as err:
         load_text()
-    assert time.perf_counter() - start < 5
     message = str(err.value)
-    assert "pg2600.txt" in message and str(tmp_path) in message and "network unreachable" in message
+    assert str(shipped_copy) in message and corpus.WAR_AND_PEACE_SHA256 in message
+    assert hashlib.sha256(edited).hexdigest() in message
+    assert "git checkout" in message and "attn-companion corpus --refresh" in message
 
 
-def test_download_lands_in_the_cache(seeded, monkeypatch, tmp_path):
-    monkeypatch.setenv("ATTN_COMPANION_DATA", str(tmp_path / "cache"))
-    monkeypatch.setattr(corpus, "WAR_AND_PEACE_URL", seeded.as_uri())  # urllib reads file:// like http://
-    path = corpus.war_and_peace_path()
-    assert path == tmp_path / "cache" / "pg2600.txt"
-    assert path.read_bytes() == seeded.read_bytes()
-    assert [p.name for p in path.parent.iterdir()] == ["pg2600.txt"]  # no partial file left behind
+def test_a_truncated_copy_is_refused(shipped_copy, raw_novel):
+    shipped_copy.write_bytes(lzma.compress(raw_novel[: len(raw_novel) // 2]))
+    with pytest.raises(CorpusDamaged, match="damaged or edited"):
+        load_text(chapters=(1, 2))
+    shipped_copy.write_bytes(shipped_copy.read_bytes()[:1000])  # a cut xz stream
+    with pytest.raises(CorpusDamaged, match="not a valid xz file"):
+        load_text()
+    shipped_copy.unlink()
+    with pytest.raises(FileNotFoundError, match="is missing"):
+        load_text()
 
 
-def test_novel_proper_without_header_licence_or_contents(seeded):
+def test_refresh_rewrites_the_copy_only_with_the_pinned_hash(shipped_copy, raw_novel, tmp_path):
+    download = tmp_path / "pg2600.txt"
+    download.write_bytes(raw_novel)
+    shipped_copy.write_bytes(b"damaged")
+    assert corpus.refresh_war_and_peace(download.as_uri(), shipped_copy) == shipped_copy  # file:// reads like http
+    assert corpus.war_and_peace_bytes(shipped_copy) == raw_novel
+    assert sorted(p.name for p in shipped_copy.parent.iterdir()) == [shipped_copy.name]  # no partial file left
+    download.write_bytes(raw_novel + b"new edition")
+    before = shipped_copy.read_bytes()
+    with pytest.raises(ValueError, match="not the pinned") as err:
+        corpus.refresh_war_and_peace(download.as_uri(), shipped_copy)
+    assert hashlib.sha256(raw_novel + b"new edition").hexdigest() in str(err.value)
+    assert shipped_copy.read_bytes() == before
+
+
+def test_refresh_without_network_fails_fast_with_the_reason(shipped_copy):
+    before = shipped_copy.read_bytes()
+    with pytest.raises(ValueError, match="download of .* failed"):
+        corpus.refresh_war_and_peace(timeout=5)  # sockets are closed in the tests
+    assert shipped_copy.read_bytes() == before
+
+
+def test_a_users_copy_of_the_novel_is_never_called_war_and_peace(tmp_path, raw_novel):
+    mine = tmp_path / "my-novel.txt"
+    mine.write_bytes(raw_novel)
+    c = load_text(mine, chapters=(1, 1))
+    assert c.name == "my-novel.txt" and c.source == str(mine)
+    assert c.sha256 == hashlib.sha256(raw_novel).hexdigest()
+
+
+def test_novel_proper_without_header_licence_or_contents():
     c = load_text()
-    assert c.name == corpus.WAR_AND_PEACE and c.source == str(seeded)
+    assert c.name == corpus.WAR_AND_PEACE
     assert c.text.startswith(OPENING)
     for absent in ("Project Gutenberg", "PROJECT GUTENBERG", "*** START", "CONTENTS", "\nCHAPTER II\n", "BOOK TWO"):
         assert absent not in c.text
@@ -72,12 +116,11 @@ def test_novel_proper_without_header_licence_or_contents(seeded):
     assert c.n_chapters == 365 and len(c.chapter_titles) == 365 and c.chapters is None
 
 
-def test_sha256_of_the_raw_file_is_recorded(seeded):
-    c = load_text()
-    assert c.sha256 == hashlib.sha256(seeded.read_bytes()).hexdigest()
+def test_sha256_of_the_raw_file_is_recorded(raw_novel):
+    assert load_text().sha256 == hashlib.sha256(raw_novel).hexdigest()
 
 
-def test_consecutive_chapters_are_counted_across_books(seeded):
+def test_consecutive_chapters_are_counted_across_books():
     first = load_text(chapters=(1, 2))
     assert first.chapters == (1, 2)
     assert first.chapter_titles == ("BOOK ONE: 1805, CHAPTER I", "BOOK ONE: 1805, CHAPTER II")
@@ -93,7 +136,7 @@ def test_consecutive_chapters_are_counted_across_books(seeded):
 
 
 @pytest.mark.parametrize("chapters", [(0, 3), (5, 2), (1, 366), (1,), "1-3"])
-def test_bad_chapter_ranges_are_refused(seeded, chapters):
+def test_bad_chapter_ranges_are_refused(chapters):
     with pytest.raises(ValueError, match="chapters"):
         load_text(chapters=chapters)
 
@@ -129,9 +172,17 @@ def test_bad_files_are_refused(tmp_path):
     latin.write_bytes("café".encode("latin-1"))
     with pytest.raises(ValueError, match="not UTF-8"):
         load_text(latin)
+    binary = tmp_path / "weights.bin"
+    binary.write_bytes(b"\x00\x01\x02abc")
+    with pytest.raises(ValueError, match="NUL bytes"):
+        load_text(binary)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("  \n")
+    with pytest.raises(ValueError, match="holds no text"):
+        load_text(empty)
 
 
-def test_windows_are_consecutive_slices_of_the_tokenized_text(seeded, tokenizer):
+def test_windows_are_consecutive_slices_of_the_tokenized_text(tokenizer):
     c = load_text(chapters=(1, 3))
     ids = tokenizer(c.text, add_special_tokens=False, verbose=False)["input_ids"]
     windows = token_windows(c, tokenizer, L=16, offset=5, n_windows=3)

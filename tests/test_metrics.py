@@ -269,6 +269,111 @@ def test_random_directions_are_unit_vectors_on_visible_keys(data):
     assert (v[~mask] == 0).all()
 
 
+@settings(max_examples=100, deadline=None)
+@given(attention_rows(), st.sampled_from([-900, -500, 0, 7, 600, 1000]))
+def test_distances_are_homogeneous_exactly(case, k):
+    """f(2^k x) = 2^k f(x) bit for bit (r too, and the ratio is unchanged), also where the squares of
+    2^k x overflow (|x| ~ 1e180, 1e300) or underflow."""
+    w, x, mask, _, N = case
+    c = 2.0**k
+    selected, _ = metrics.top_n_mask(w, N, mask)
+    mc = lambda v: metrics.expected_distance_mc(w, v, N, mask, n_samples=3, generator=torch.Generator().manual_seed(1))
+    for f in (lambda v: metrics.cumulative_distance(w, v, selected, mask),
+              lambda v: metrics.cumulative_distance(w, v, selected, mask, reading="norm_of_sum"),
+              lambda v: metrics.separability(w, v, N, mask, normalize=False)[1],
+              lambda v: metrics.min_pairwise_distance(v),
+              mc):
+        want, got = f(x), f(x * c)
+        assert not (got.isnan() & ~want.isnan()).any()
+        np.testing.assert_array_equal(got.numpy(), (want * c).numpy())
+    for normalize in (True, False):  # the ratio is scale-free
+        np.testing.assert_array_equal(metrics.separability(w, x * c, N, mask, normalize=normalize)[0].numpy(),
+                                      metrics.separability(w, x, N, mask, normalize=normalize)[0].numpy())
+    sphere = metrics.project_to_sphere(x, 2.0).numpy()
+    np.testing.assert_array_equal(metrics.project_to_sphere(x * c, 2.0).numpy(), sphere)
+
+
+@settings(max_examples=100, deadline=None)
+@given(attention_rows(), st.sampled_from([1e-150, 3.7, 1e200, 1.5e300]))
+def test_distances_of_huge_vectors_are_finite(case, c):
+    """|x| near 1e200 used to give NaN (the squares overflow); now d(c x) = c d(x) up to the rounding of c x."""
+    w, x, mask, _, N = case
+    selected, valid = metrics.top_n_mask(w, N, mask)
+    for reading in metrics.READINGS:
+        got = metrics.cumulative_distance(w, x * c, selected, mask, reading=reading)
+        assert torch.isfinite(got).all()
+        close(got / c, metrics.cumulative_distance(w, x, selected, mask, reading=reading), rtol=1e-9, atol=1e-7)
+    ratio, r = metrics.separability(w, x * c, N, mask, normalize=False)
+    assert torch.isfinite(r[valid]).all()
+    close(r[valid] / c, metrics.separability(w, x, N, mask, normalize=False)[1][valid], rtol=1e-9, atol=1e-7)
+    close(metrics.min_pairwise_distance(x * c) / c, metrics.min_pairwise_distance(x), rtol=1e-9)
+    close(metrics.project_to_sphere(x * c), metrics.project_to_sphere(x), rtol=1e-12)
+
+
+def test_huge_vectors_match_the_reference():
+    w, x, mask, _ = causal_attention(2, layers=1, heads=2, L=10, d=4)
+    selected, _ = metrics.top_n_mask(w, 3, mask)
+    got = metrics.cumulative_distance(w, x * 1e200, selected, mask)
+    vis = mask.expand(w.shape).numpy()
+    for index, head in each_row(w.shape):
+        sel = np.flatnonzero(selected[index].numpy()).tolist()
+        want = ref.cumulative_distance(w[index].numpy(), x[head].numpy(), sel, vis[index], "sum_of_norms")
+        close(got[index] / 1e200, want, rtol=1e-9)
+
+
+# --- empty input -----------------------------------------------------------------------------------------
+
+
+ZERO_KEYS = torch.empty(2, 3, 0, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: metrics.max_weight(ZERO_KEYS), "weights"),
+    (lambda: metrics.entropy(ZERO_KEYS), "weights"),
+    (lambda: metrics.top_n_mask(ZERO_KEYS, 1), "weights"),
+    (lambda: metrics.context_vector(ZERO_KEYS, torch.empty(2, 0, 4), ZERO_KEYS > 0), "weights"),
+    (lambda: metrics.cumulative_distance(ZERO_KEYS, torch.empty(2, 0, 4), ZERO_KEYS > 0), "weights"),
+    (lambda: metrics.separability(ZERO_KEYS, torch.empty(2, 0, 4), 1), "weights"),
+    (lambda: metrics.expected_distance_mc(ZERO_KEYS, torch.empty(2, 0, 4), 1), "weights"),
+    (lambda: metrics.finite_difference_gradient(ZERO_KEYS, 1.0, 0.1), "logits"),
+    (lambda: metrics.random_directions(ZERO_KEYS > 0), "mask"),
+])
+def test_zero_keys_are_refused(call, name):
+    with pytest.raises(ValueError, match=f"{name} must have at least one key"):
+        call()
+
+
+@pytest.mark.parametrize("lead", [(0,), (0, 3), (2, 0)])
+def test_zero_rows_give_empty_results(lead):
+    """No rows (R = 0, or an empty batch dim) is a legitimate batch: every per-row result is empty."""
+    w = torch.full((*lead, 5), 0.2, dtype=torch.float64)
+    x = torch.randn(*lead[:-1], 5, 2, dtype=torch.float64)
+    selected, valid = metrics.top_n_mask(w, 2)
+    assert selected.shape == w.shape and valid.shape == lead
+    outs = [metrics.max_weight(w), metrics.entropy(w), metrics.cumulative_distance(w, x, selected),
+            metrics.cumulative_distance(w, x, selected, reading="norm_of_sum"), *metrics.separability(w, x, 2),
+            metrics.expected_distance_mc(w, x, 2, n_samples=2), metrics.finite_difference_gradient(w, 1.0, 0.1),
+            metrics.finite_difference_gradient(w, 1.0, 0.1, w > 0)]
+    assert all(o.shape == lead for o in outs), [o.shape for o in outs]
+    assert metrics.context_vector(w, x, selected).shape == (*lead, 2)
+    assert metrics.random_directions(w > 0).shape == w.shape
+    assert metrics.min_pairwise_distance(torch.empty(*lead, 5, 2)).shape == lead
+
+
+@pytest.mark.parametrize("call", [
+    lambda m: metrics.finite_difference_gradient(torch.zeros(m.shape, dtype=torch.float64), 1.0, 0.1, m),
+    lambda m: metrics.random_directions(m),
+])
+def test_fully_masked_row_is_refused(call):
+    """A row without a visible key has no softmax and no unit direction (it used to give NaN)."""
+    mask = torch.ones(2, 3, 4, dtype=torch.bool)
+    mask[1, 2] = False
+    with pytest.raises(ValueError, match=r"mask must leave at least one visible key in every row; row \(1, 2\)"):
+        call(mask)
+    mask[1, 2, 3] = True  # one visible key: g = 0 (softmax is constant), v = +-e_3
+    assert call(mask)[1, 2].abs().max() in (0.0, 1.0)
+
+
 # --- bad input -------------------------------------------------------------------------------------------
 
 

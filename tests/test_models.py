@@ -112,7 +112,8 @@ def test_local_hub_cache_comes_first_and_auto_takes_gpt2_from_it(monkeypatch, tm
     assert (prov.model, prov.architecture["n_layers"]) == ("gpt2", 2)
     assert prov.model_source == prov.tokenizer == f"openai-community/gpt2@{commit}"
     _, _, prov = load_model("auto")
-    assert prov.model == "gpt2" and prov.notes == ["auto: took gpt2 (it could be loaded)"]
+    assert prov.model == "gpt2" and prov.notes == ["auto: took gpt2 because GPT-2 is in the local Hugging Face cache"]
+    assert models.choose_auto() == ("gpt2", "GPT-2 is in the local Hugging Face cache")
 
 
 def test_hub_id_offline_fails_at_once(monkeypatch, empty_hub):
@@ -121,6 +122,20 @@ def test_hub_id_offline_fails_at_once(monkeypatch, empty_hub):
     with pytest.raises(ModelUnavailable, match="HF_HUB_OFFLINE is set"):
         load_model("gpt2")
     assert time.perf_counter() - start < 2
+
+
+@pytest.mark.parametrize("offline", [True, False])
+def test_auto_says_why_it_takes_smollm2_without_loading_anything(monkeypatch, empty_hub, offline):
+    """Offline by flag, or with the network closed (as in every test), the choice is made at once and explained."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1" if offline else "0")
+    start = time.perf_counter()
+    name, why = models.choose_auto()
+    assert name == "smollm2-135m" and why.startswith("GPT-2 could not be loaded here (openai-community/gpt2 is not")
+    assert ("HF_HUB_OFFLINE is set" in why) == offline and ("could not be reached" in why) != offline
+    assert time.perf_counter() - start < 5
 
 
 def test_silent_hub_costs_seconds_not_minutes(monkeypatch, empty_hub):
@@ -163,7 +178,7 @@ def test_auto_falls_back_to_smollm2_offline(monkeypatch, empty_hub):
     start = time.perf_counter()
     _, _, prov = load_model("auto")
     assert prov.model == "smollm2-135m" and prov.requested == "auto"
-    assert any("took smollm2-135m because gpt2 is unavailable" in n for n in prov.notes)
+    assert any("took smollm2-135m because GPT-2 could not be loaded here" in n for n in prov.notes)
     assert "requested: auto" in prov.to_markdown()
     assert time.perf_counter() - start < 30  # the cached conversion, not a fresh one
 

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -120,8 +123,9 @@ def test_sweep_runs_every_combination_and_writes_index(tiny_book, tmp_path):
     index = sweep.sweep(src, {"N": [2, 5], "seed": [0]}, tmp_path / "runs", jobs=2)
     results = json.loads((index.parent / "index.json").read_text())
     assert sorted(r["parameters"]["N"] for r in results) == [2, 5]
-    assert all(r["error"] is None for r in results)
+    assert all(r["error"] is None and r["status"] == "ok" for r in results)
     html = index.read_text()
+    assert html.count("status: <b>ok</b>") == 2
     assert html.count("<img") == 2 and "N = 2" in html and "N = 5" in html
     nb = nbformat.read(results[0]["notebook"], as_version=4)
     assert nb.metadata.papermill.parameters["N"] in (2, 5)
@@ -139,6 +143,51 @@ def test_cli_reports_bad_parameter_and_unknown_notebook(capsys):
     assert "notebook 'no_such_notebook' not found" in capsys.readouterr().err
     assert cli.main(["book", "-p", "no_such_param", "1"]) == 2
     assert "no notebook has a parameter 'no_such_param'" in capsys.readouterr().err
+
+
+def test_run_marks_failed_runs_and_a_rejected_run_writes_nothing(tiny_book, tmp_path):
+    src = tiny_book / "notebooks" / "tiny.py"
+    runs = tmp_path / "runs"
+    with pytest.raises(ValueError, match="parameter N must be"):
+        sweep.run_one(src, {"N": 0}, runs)
+    assert not runs.exists()
+    ok = sweep.run_one(src, {"N": 2}, runs, progress=False)
+    status = json.loads((ok.parent / "status.json").read_text())
+    assert status["status"] == "ok" and status["seconds"] > 0
+    src.write_text(src.read_text().replace("validate(N=N, seed=seed)", "raise ValueError('boom from the notebook')"))
+    with pytest.raises(execute.NotebookFailed):
+        sweep.run_one(src, {"N": 3}, runs, progress=False)
+    failed = sweep.run_folder(src, {"N": 3}, runs)
+    status = json.loads((failed / "status.json").read_text())
+    assert status["status"] == "failed" and "boom from the notebook" in status["error"]
+    assert "boom from the notebook" in (failed / "tiny.ipynb").read_text()  # the traceback is kept
+    # a sweep with a failing combination: the index shows each run's status
+    with pytest.raises(execute.NotebookFailed, match="1 of 1 runs failed"):
+        sweep.sweep(src, {"N": [4]}, runs)
+    results = json.loads((runs / "tiny" / "index.json").read_text())
+    assert [r["status"] for r in results] == ["failed"] and results[0]["notebook"]
+    assert "status: <b>failed</b>: notebook tiny.py failed" in (runs / "tiny" / "index.html").read_text()
+
+
+def test_new_build_removes_stale_staging_folders(tiny_book, tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = [tmp_path / f".staging-{dead.pid}-abc", tmp_path / ".staging-x1y2z3"]  # a killed build; an old name
+    live = tmp_path / f".staging-{os.getpid()}-abc"  # a build running now
+    for folder in (*stale, live):
+        (folder / "_run").mkdir(parents=True)
+    src = tiny_book / "notebooks" / "tiny.py"
+    src.write_text(src.read_text().replace("validate(N=N, seed=seed)", "raise ValueError('boom')"))
+    with pytest.raises(execute.NotebookFailed):
+        execute.build_book({}, root=tiny_book, out=tmp_path / "html", progress=False)
+    assert not any(folder.exists() for folder in stale) and live.is_dir()
+    assert list(tmp_path.glob(".staging-*")) == [live]
+
+
+def test_kernel_prints_no_encryption_warning(tiny_book, tmp_path, capfd):
+    execute.execute_notebook(tiny_book / "notebooks" / "tiny.py", tmp_path / "tiny.ipynb", progress=False)
+    err = capfd.readouterr().err
+    assert "without encryption" not in err
 
 
 def test_run_slug_is_stable_and_distinct():

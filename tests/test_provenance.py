@@ -64,3 +64,24 @@ def test_markdown_table_shows_what_produced_the_result():
                   architecture={"n_layers": 30, "n_heads": 9, "n_kv_heads": 3, "head_dim": 64,
                                 "context_length": 8192}).to_markdown()
     assert "smollm2-135m (requested: auto)" in gqa and "9 heads (3 kv)" in gqa and "not a pretrained" not in gqa
+
+
+def test_the_lock_file_is_recorded_with_its_hash_and_what_differs(tmp_path):
+    import hashlib
+    import importlib.metadata
+
+    from attn_utils.provenance import LOCK_FILE, lock_status
+
+    shipped = lock_status()
+    assert shipped["file"] == "requirements.txt" and shipped["pins"] > 100
+    assert shipped["sha256"] == hashlib.sha256(LOCK_FILE.read_text().encode()).hexdigest()
+    torch_version = importlib.metadata.version("torch")
+    lock = tmp_path / "requirements.txt"
+    lock.write_text(f"numpy==0.0.1\n    # via x\ntorch=={torch_version.split('+')[0]}\nno-such-package==1.0\n")
+    status = lock_status(lock)
+    assert status["pins"] == 3
+    assert status["differ"] == [f"numpy: 0.0.1 != {importlib.metadata.version('numpy')}",
+                                "no-such-package: 1.0 != not installed"]
+    table = Provenance(lock=status).to_markdown()
+    assert "| environment | requirements.txt sha256" in table and "2 of 3 pins differ: numpy" in table
+    assert "no lock file" in Provenance(lock=lock_status(tmp_path / "missing.txt")).to_markdown()

@@ -2,8 +2,10 @@
 against plain per-row loops, the Jacobians against autograd, the documented counterexamples, bad input."""
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
+import signal
 
 import numpy as np
 import pytest
@@ -436,6 +438,115 @@ def test_dtype_and_broadcasting():
     assert th.corollary2_small_n_limit(w, x, causal).shape == (4, 5)
 
 
+def x_side_results(w, x, sel, mask, N, farthest=None):
+    """Every theory function that takes key vectors x; all are homogeneous of degree 1 in x."""
+    return (th.theorem1_fixed_bound(w, x, sel, mask, farthest=farthest), th.theorem1_random_main_sum(w, x, N, mask),
+            th.corollary2_small_n_limit(w, x, mask), *th.corollary2_bounds(w, x, N, mask))
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows_case(), st.sampled_from([-1000, -600, -40, 3, 600, 1000]))
+def test_x_side_bounds_are_homogeneous_exactly(case, k):
+    """f(2^k x) = 2^k f(x) bit for bit, also where the squares of 2^k x leave the float range (|x| ~ 1e180,
+    1e300), with and without the caller's farthest lists of the scaled x."""
+    w, x, mask, N = case
+    N = min(N, w.shape[-1] - 1)
+    tw, tm, sel = t(w), None if mask is None else torch.as_tensor(mask), torch.as_tensor(top_n(w, mask, N))
+    c = 2.0**k
+    if (np.abs(x).max() * c) >= np.finfo(float).max or np.abs(x[x != 0]).min(initial=1) * c < np.finfo(float).tiny:
+        return  # 2^k x itself would overflow or lose bits
+    want = x_side_results(tw, t(x), sel, tm, N)
+    got = x_side_results(tw, t(x) * c, sel, tm, N)
+    for a, b in zip(want, got):
+        assert torch.isfinite(b).all()
+        torch.testing.assert_close(b, a * c, rtol=0, atol=0)
+    # short lists (m = 2) take the direct fallback for some rows: compare with the same lists of x
+    want = th.theorem1_fixed_bound(tw, t(x), sel, tm, farthest=th.farthest_keys(t(x), 2))
+    got = th.theorem1_fixed_bound(tw, t(x) * c, sel, tm, farthest=th.farthest_keys(t(x) * c, 2))
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want * c, rtol=0, atol=0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows_case(), st.sampled_from([1e-150, 3.7, 1e200, 1.5e300]))
+def test_x_side_bounds_of_huge_x_are_finite_and_scale(case, c):
+    """|x| near 1e200 used to give NaN (overflowing squares in the Gram matrices); now f(c x) = c f(x)
+    up to the rounding of c x (Gram form: absolute error ~ sqrt(eps) times the scale, see ``scale_of``)."""
+    w, x, mask, N = case
+    N = min(N, w.shape[-1] - 1)
+    tw, tm, sel = t(w), None if mask is None else torch.as_tensor(mask), torch.as_tensor(top_n(w, mask, N))
+    for a, b in zip(x_side_results(tw, t(x), sel, tm, N), x_side_results(tw, t(x * c), sel, tm, N)):
+        assert torch.isfinite(b).all()
+        np.testing.assert_allclose(b.numpy() / c, a.numpy(), rtol=1e-9, atol=scale_of(x))
+
+
+def test_farthest_keys_of_huge_x():
+    """The lists are ranked on the scaled x: the indices of 2^600 x are those of x, and the squared
+    distances (~1e361) beyond the float range are inf, not NaN."""
+    x = torch.randn(2, 20, 3, dtype=F64, generator=torch.Generator().manual_seed(0))
+    far, huge = th.farthest_keys(x, 4), th.farthest_keys(x * 2.0**600, 4)
+    for a, b, i, j in zip(far.sq_distances, huge.sq_distances, far.indices, huge.indices):
+        assert torch.equal(i, j) and torch.equal(b, a * 2.0**600 * 2.0**600)  # inf, or 0 for a key itself
+        assert torch.isinf(b[a > 0]).all()
+
+
+def test_theorem1_fixed_bound_recomputes_lists_that_overflowed():
+    """farthest built on float32 x of size 1e30 holds inf squared distances (float32 range); the bound in
+    float64 (promoted by the weights) ignores them and stays equal to the one computed without lists."""
+    rng = np.random.default_rng(4)
+    w, x = masked_softmax(rng.normal(size=(5, 12)), None), torch.tensor(rng.normal(size=(12, 3)) * 1e30,
+                                                                        dtype=torch.float32)
+    sel = torch.as_tensor(top_n(w, None, 3))
+    far = th.farthest_keys(x, 4)
+    assert torch.isinf(far.sq_distances[-1]).any()
+    got = th.theorem1_fixed_bound(t(w), x, sel, farthest=far)
+    assert got.dtype == F64 and torch.isfinite(got).all()
+    torch.testing.assert_close(got, th.theorem1_fixed_bound(t(w), x, sel), rtol=0, atol=0)
+
+
+EMPTY_KEYS = [  # zero keys (L = 0): refused, naming the parameter
+    (lambda: th.corollary1_bounds(X, X[:0], 1.0), "k"),
+    (lambda: th.farthest_keys(X[:0]), "x"),
+    (lambda: th.farthest_keys(torch.empty(2, 0, 3, dtype=F64)), "x"),
+    (lambda: th.theorem1_fixed_bound(W[:, :0], X[:0], SEL[:, :0]), "weights"),
+    (lambda: th.theorem1_random_main_sum(W[:, :0], X[:0], 1), "weights"),
+    (lambda: th.corollary2_small_n_limit(W[:, :0], X[:0]), "weights"),
+    (lambda: th.corollary2_bounds(W[:, :0], X[:0], 1), "weights"),
+    (lambda: th.theorem2_xi(W[:, :0], SEL[:, :0], 1.0, 0.1), "weights"),
+    (lambda: th.theorem2_bounds(W[:, :0], SEL[:, :0], 0.5, 1.0, 0.1), "weights"),
+    (lambda: th.softmax_jacobian(W[:, :0], 1.0), "weights"),
+]
+
+
+@pytest.mark.parametrize("call, name", EMPTY_KEYS)
+def test_zero_keys_are_refused(call, name):
+    with pytest.raises(ValueError, match=f"{name} must have at least one key"):
+        call()
+
+
+@pytest.mark.parametrize("rows", [(0,), (0, 2), (3, 0)])
+def test_zero_rows_give_empty_results(rows):
+    """A batch without rows (R = 0 or an empty batch dim) is legitimate: every result is empty."""
+    w, sel = W.expand(*rows, 3), SEL.expand(*rows, 3)
+    x = X.expand(*rows[:-1], 3, 2)
+    for out in (*x_side_results(w, x, sel, None, 1), *x_side_results(w, x, sel, sel | True, 1),
+                *th.theorem2_bounds(w, sel, 0.5, 1.0, 0.1), *th.corollary1_bounds(x[..., :0, :], x, 1.0)):
+        assert out.shape == rows[:-1] + (0,) or out.shape == rows, out.shape
+        assert out.numel() == 0
+    assert th.theorem2_xi(w, sel, 1.0, 0.1).shape == (*rows, 3)
+    far = th.farthest_keys(X.expand(0, 3, 2))
+    assert far.batch == (0,) and all(v.shape[0] == 0 for v in far.sq_distances)
+
+
+def test_fully_masked_row_is_named():
+    mask = torch.tensor([[True, True, True], [False, False, False]])
+    w = t([[0.5, 0.3, 0.2], [0.5, 0.3, 0.2]])
+    with pytest.raises(ValueError, match=r"mask must leave at least one visible key in every row; row \(1,\)"):
+        th.theorem1_random_main_sum(w, X, 1, mask)
+    with pytest.raises(ValueError, match=r"mask .* row \(1,\)"):
+        th.corollary1_bounds(X[:2], X, 1.0, mask)
+
+
 # --- Theorem 2 ------------------------------------------------------------------------------------------
 
 
@@ -614,6 +725,56 @@ def test_heads_for_coverage_is_minimal(p, target):
     assert H == 1 or th.multihead_coverage(p, H - 1) < target
 
 
+@contextlib.contextmanager
+def time_limit(seconds):
+    """Fail (TimeoutError) instead of hanging when the body runs longer than ``seconds``."""
+    def stop(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(0.01, 1.0), st.floats(0.0, 0.9999))
+def test_heads_for_coverage_matches_a_slow_loop(p, target):
+    H = 1
+    while th.multihead_coverage(p, H) < target:  # at most ~920 steps for p >= 0.01
+        H += 1
+    assert th.heads_for_coverage(p, target) == H
+
+
+@pytest.mark.parametrize("p", [1e-13, 3e-14, 1e-15, 6e-16])
+@pytest.mark.parametrize("target", [1e-6, 0.5, 0.99])
+def test_heads_for_coverage_tiny_p_is_closed_form(p, target):
+    """p <= 1e-13 used to loop for ever (1 - p rounds, the float loop walked ~1e10 steps)."""
+    with time_limit(5):
+        H = th.heads_for_coverage(p, target)
+    assert isinstance(H, int)
+    assert math.isclose(H, math.log1p(-target) / math.log1p(-p), rel_tol=1e-12, abs_tol=1)
+    assert th.multihead_coverage(p, H) >= target > th.multihead_coverage(p, H - 1)
+
+
+def test_multihead_coverage_is_accurate_for_tiny_p():
+    """1 - (1 - p)^H lost ~3 digits at p = 1e-13 (1 - p rounds); -expm1(H log1p(-p)) does not."""
+    assert math.isclose(th.multihead_coverage(1e-13, 10**13), -math.expm1(-1.0 - 0.5e-13), rel_tol=1e-14)
+    assert th.multihead_coverage(1e-300, 1) == 1e-300
+    assert th.multihead_coverage(1.0, 5) == 1.0 and th.multihead_coverage(0.0, 5) == 0.0
+
+
+@pytest.mark.parametrize("p, target", [(1e-17, 0.5), (1e-300, 0.99), (5e-324, 0.99), (1e-16, 0.999)])
+def test_heads_for_coverage_refuses_astronomical_answers(p, target):
+    """More than MAX_HEADS = 2^53 heads (no longer exact as a float count): ValueError naming p and target."""
+    with time_limit(5), pytest.raises(ValueError, match=r"p = .* too small for target = .*MAX_HEADS"):
+        th.heads_for_coverage(p, target)
+    assert th.heads_for_coverage(1e-15, 0.5) <= th.MAX_HEADS
+
+
 # --- bad input ------------------------------------------------------------------------------------------
 
 
@@ -680,6 +841,13 @@ EXP = NORMALIZERS[0]
         (lambda: th.multihead_coverage(0.5, 0), "H"),
         (lambda: th.heads_for_coverage(0.0, 0.5), "p"),
         (lambda: th.heads_for_coverage(0.8, 1.2), "target"),
+        (lambda: th.heads_for_coverage(0.8, 1.0), "target"),
+        (lambda: th.heads_for_coverage(0.8, -0.1), "target"),
+        (lambda: th.heads_for_coverage(0.8, math.nan), "target"),
+        (lambda: th.heads_for_coverage(math.nan, 0.5), "p"),
+        (lambda: th.heads_for_coverage(-1e-3, 0.5), "p"),
+        (lambda: th.heads_for_coverage(1.5, 0.5), "p"),
+        (lambda: th.heads_for_coverage(True, 0.5), "p"),
     ],
 )
 def test_bad_input_names_the_parameter(call, name):

@@ -1,0 +1,145 @@
+"""How ``attn-companion`` fails: interrupted builds, bad output folders, ``make book PARAMS=...`` quoting."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from attn_utils import cli, execute
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# builds the book of the project folder argv[1] with the CLI arguments argv[2:]
+BOOK_OF = ("import functools, sys; from pathlib import Path; from attn_utils import cli, execute; "
+           "execute.build_book = functools.partial(execute.build_book, root=Path(sys.argv[1])); "
+           "sys.exit(cli.main(sys.argv[2:]))")
+
+
+@pytest.fixture
+def sleepy_book(tmp_path):
+    """A book whose one notebook writes its kernel's PID to ``kernel.pid``, then sleeps."""
+    root = tmp_path / "proj"
+    (root / "book").mkdir(parents=True)
+    (root / "notebooks").mkdir()
+    shutil.copy(ROOT / "_config.yml", root / "_config.yml")
+    (root / "book" / "intro.md").write_text("# Intro\n")
+    (root / "_toc.yml").write_text("format: jb-book\nroot: book/intro\nchapters:\n  - file: notebooks/sleepy\n")
+    (root / "notebooks" / "sleepy.py").write_text(textwrap.dedent(f'''\
+        # %%
+        import os, time
+        open({str(tmp_path / "kernel.pid")!r}, "w").write(str(os.getpid()))
+        time.sleep(120)
+        '''))
+    return root
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.parametrize("signum, group", [(signal.SIGINT, True), (signal.SIGTERM, False)],
+                         ids=["ctrl-c", "sigterm"])
+def test_interrupted_book_ends_with_one_line_and_keeps_the_previous_book(sleepy_book, tmp_path, signum, group):
+    out = tmp_path / "_build" / "html"
+    out.mkdir(parents=True)
+    (out / "index.html").write_text("the previous book")
+    build = subprocess.Popen([sys.executable, "-c", BOOK_OF, str(sleepy_book), "book", "--out", str(out)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    pid_file = tmp_path / "kernel.pid"
+    deadline = time.monotonic() + 120
+    while not (pid_file.exists() and pid_file.read_text()) and build.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert pid_file.exists(), build.communicate()
+    if group:
+        os.killpg(build.pid, signum)  # as Ctrl-C does: the whole foreground process group
+    else:
+        build.send_signal(signum)
+    _, err = build.communicate(timeout=60)
+    assert build.returncode == 130
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == f"attn-companion book: interrupted; the previous book in {out} is kept"
+    assert err.count("attn-companion") == 1
+    assert (out / "index.html").read_text() == "the previous book"
+    assert not list(out.parent.glob(".staging-*"))
+    kernel = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while _running(kernel) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _running(kernel)
+
+
+@pytest.mark.parametrize("command", [["book"], ["run", "ch2_distance"], ["sweep", "ch2_distance", "-p", "N", "5,10"]])
+def test_bad_out_folder_is_refused_before_any_work(command, tmp_path, capsys):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    for bad, reason in (("/dev/null/x", "/dev/null is not a folder"), (a_file / "sub", f"{a_file} is not a folder")):
+        assert cli.main([*command, "--out", str(bad)]) == 2
+        err = capsys.readouterr().err
+        assert err == f"attn-companion {command[0]}: error: --out {bad}: {reason}\n"
+    assert list(tmp_path.iterdir()) == [a_file]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
+def test_read_only_out_folder_is_refused(tmp_path, capsys):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    assert cli.main(["run", "ch2_distance", "--out", str(locked / "runs")]) == 2
+    assert f"--out {locked / 'runs'}: {locked} is not writable" in capsys.readouterr().err
+
+
+def test_book_params_are_split_like_a_shell_line(monkeypatch, tmp_path, capsys):
+    seen = {}
+
+    def build_book(parameters, *, out):
+        seen.update(parameters)
+        return execute.BookResult(out, out.with_name("html-records"), {})
+
+    monkeypatch.setattr(execute, "build_book", build_book)
+    argv = ["book", "--out", str(tmp_path / "html"), "--params", "Ts=[1,2] Ns='[1, 5]' model=gpt2 L=512",
+            "-p", "seed", "3"]
+    assert cli.main(argv) == 0
+    assert seen == {"Ts": [1, 2], "Ns": [1, 5], "model": "gpt2", "L": 512, "seed": 3}
+    assert cli.main(["book", "--out", str(tmp_path / "html"), "--params", ""]) == 0
+
+
+@pytest.mark.parametrize("params", ["Ts=[1, 2]", "L=512 seed", "Ts='[1, 2]"])
+def test_book_params_that_spaces_broke_explain_the_quoting(params, capsys):
+    assert cli.main(["book", "--params", params]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("attn-companion book: error: --params") and err.count("\n") == 1
+    assert "PARAMS is split at spaces" in err and "PARAMS='Ts=[1,2]'" in err
+
+
+def test_auto_says_on_the_terminal_which_model_it_takes(tmp_path, capsys):
+    nb = tmp_path / "nb.py"
+    nb.write_text('# %% tags=["parameters"]\nmodel = "auto"\nL = 8\n')
+    cli._announce_model({}, [nb])
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("model 'auto' -> smollm2-135m: GPT-2 could not be loaded here (") and "\n" not in line
+    cli._announce_model({"model": "gpt2-random"}, [nb])
+    assert capsys.readouterr().out == ""
+
+
+def test_corpus_command_checks_the_shipped_copy(capsys, monkeypatch, tmp_path):
+    from attn_utils import corpus
+
+    assert cli.main(["corpus"]) == 0
+    assert f"sha256 {corpus.WAR_AND_PEACE_SHA256} (pinned), 365 chapters" in capsys.readouterr().out
+    damaged = tmp_path / "pg2600.txt.xz"
+    damaged.write_bytes(b"not xz")
+    monkeypatch.setattr(corpus, "WAR_AND_PEACE_DATA", damaged)
+    assert cli.main(["corpus"]) == 2
+    assert "not a valid xz file" in capsys.readouterr().err
+    assert cli.main(["corpus", "--refresh"]) == 2  # no network in the tests: a clear error, the copy untouched
+    assert "download of" in capsys.readouterr().err and damaged.read_bytes() == b"not xz"
