@@ -18,14 +18,16 @@ import signal
 import sys
 from pathlib import Path
 
-from . import execute, grading, student, sweep
-from .params import SPECS
+from attn_utils.book import build, sweep
+
+from attn_utils.classroom import grading, student
+from attn_utils.book.params import SPECS
 
 
 def _parameters(pairs: list[list[str]] | None, *, multi: bool = False) -> dict:
     params = {}
     for name, value in pairs or []:
-        params[name] = execute.split_values(value) if multi else execute.parse_value(value)
+        params[name] = build.split_values(value) if multi else build.parse_value(value)
     return params
 
 
@@ -44,7 +46,7 @@ def _params_line(text: str) -> dict:
         name, sep, value = item.partition("=")
         if not (sep and name.isidentifier() and _complete(value)):
             raise ValueError(f"--params: cannot read {item!r} as NAME=VALUE. {QUOTING}")
-        params[name] = execute.parse_value(value)
+        params[name] = build.parse_value(value)
     return params
 
 
@@ -71,17 +73,17 @@ def _check_out(path: Path) -> None:
 
 def _announce_model(parameters: dict, notebooks: list[Path]) -> None:
     """One line on the terminal saying which model ``model='auto'`` takes and why, before anything runs."""
-    declared = [execute.notebook_parameters(nb).get("model") for nb in notebooks]
+    declared = [build.notebook_parameters(nb).get("model") for nb in notebooks]
     if parameters.get("model", next((m for m in declared if m is not None), None)) != "auto":
         return
-    from .models import choose_auto
+    from attn_utils.models.loading import choose_auto
 
     name, why = choose_auto()
     print(f"model 'auto' -> {name}: {why}", flush=True)
 
 
 def _corpus(refresh: bool) -> str:
-    from . import corpus
+    from attn_utils.models import corpus
 
     if refresh:
         corpus.refresh_war_and_peace()
@@ -91,10 +93,10 @@ def _corpus(refresh: bool) -> str:
 
 
 def _print_params(notebook: str | None) -> None:
-    sources = [execute.resolve_notebook(notebook)] if notebook else sorted(execute.NOTEBOOK_DIR.glob("*.py"))
+    sources = [build.resolve_notebook(notebook)] if notebook else sorted(build.NOTEBOOK_DIR.glob("*.py"))
     for src in sources:
         print(f"{src.stem}:")
-        for name, default in execute.notebook_parameters(src).items():
+        for name, default in build.notebook_parameters(src).items():
             spec = SPECS.get(name)
             print(f"  {name} = {default!r}    # {spec.doc if spec else ''}; allowed: {spec.allowed if spec else '?'}")
 
@@ -107,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     p_book.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"))
     p_book.add_argument("--params", default="", metavar="'NAME=VALUE ...'",
                         help="parameters in one string, split like a shell line (make book PARAMS=...)")
-    p_book.add_argument("--out", type=Path, default=execute.ROOT / "_build" / "html",
+    p_book.add_argument("--out", type=Path, default=build.ROOT / "_build" / "html",
                         help="HTML folder (default _build/html)")
     p_run = sub.add_parser("run", help="execute one notebook with parameters")
     p_run.add_argument("notebook")
@@ -143,16 +145,16 @@ def main(argv: list[str] | None = None) -> int:
             _check_out(args.out)
         if args.command == "book":
             parameters = {**_params_line(args.params), **_parameters(args.parameter)}
-            _announce_model(parameters, execute.book_notebooks())
-            result = execute.build_book(parameters, out=args.out)
+            _announce_model(parameters, build.book_notebooks())
+            result = build.build_book(parameters, out=args.out)
             print(f"book written to {result.html / 'index.html'}")
         elif args.command == "run":
-            src = execute.resolve_notebook(args.notebook)
+            src = build.resolve_notebook(args.notebook)
             _announce_model(_parameters(args.parameter), [src])
             out = sweep.run_one(src, _parameters(args.parameter), args.out)
             print(f"executed notebook: {out}")
         elif args.command == "sweep":
-            src = execute.resolve_notebook(args.notebook)
+            src = build.resolve_notebook(args.notebook)
             index = sweep.sweep(src, _parameters(args.parameter, multi=True), args.out, jobs=args.jobs)
             print(f"sweep index: {index}")
         elif args.command == "student":
@@ -165,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                             parameters=_parameters(args.parameter))
         else:
             _print_params(args.notebook)
-    except (ValueError, execute.NotebookFailed, RuntimeError) as exc:
+    except (ValueError, build.NotebookFailed, RuntimeError) as exc:
         print(f"attn-companion {args.command}: error: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ValueError) else 1
     except KeyboardInterrupt:

@@ -1,10 +1,10 @@
-"""Benchmark of the paper's Algorithms 1-5 (attn_utils.experiments) on GPT-2 small's shape.
+"""Benchmark of the paper's Algorithms 1-5 (attn_utils.mathematics.algorithms) on GPT-2 small's shape.
 
 Random causal attention of GPT-2 small's shape (12 layers, 12 heads, L = 1024, head dim 64; seeded
 N(0, 1) logits -> causal softmax, stored in float32) runs through the paper's grids. One run reports:
 
 * the full-grid time of each algorithm: wall clock, CPU time of the process, and the CPU time spent
-  inside ``attn_utils.theory`` (the bounds, which the experiments call);
+  inside ``attn_utils.mathematics.theory`` (the bounds, which the experiments call);
 * the same three numbers for the vectorised code and for the loop reference (``tests/reference.py``,
   plain per-row loops that compute every distance and bound themselves) on one subset (layer 0,
   heads 0-1, L = 256, the grids cut to L), and the reference / vectorised ratios of wall and CPU
@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import reference as ref  # noqa: E402
 
-from attn_utils import experiments, metrics, theory  # noqa: E402
+from attn_utils.mathematics import algorithms, metrics, theory  # noqa: E402
 
 SHAPE = dict(layers=12, heads=12, L=1024, d=64)
 GRIDS = dict(
@@ -87,7 +87,7 @@ def theory_timer(totals: dict):
 
 
 def measure(runs: dict, announce: bool = False, repeat: int = 1) -> dict:
-    """Per run: wall seconds, CPU seconds of this process, and CPU seconds inside ``attn_utils.theory``;
+    """Per run: wall seconds, CPU seconds of this process, and CPU seconds inside ``attn_utils.mathematics.theory``;
     with ``repeat`` > 1, the repetition with the least wall time (the usual defence against noise)."""
     out = {}
     for name, fn in runs.items():
@@ -108,13 +108,13 @@ def vectorised_runs(weights, x, logits, L):
     """The five algorithms with the paper's grids cut to L keys."""
     g1, g3 = GRIDS["alg1"], GRIDS["alg3"]
     return {
-        "alg1": lambda: experiments.distance_vs_length(
+        "alg1": lambda: algorithms.distance_vs_length(
             weights, x, g1["N"], [n for n in g1["lengths"] if n <= L], progress=False),
-        "alg2": lambda: experiments.distance_vs_n(weights, x, GRIDS["alg2"]["Ns"], progress=False),
-        "alg3": lambda: experiments.critical_n(
+        "alg2": lambda: algorithms.distance_vs_n(weights, x, GRIDS["alg2"]["Ns"], progress=False),
+        "alg3": lambda: algorithms.critical_n(
             weights, x, [n for n in g3["lengths"] if n <= L], g3["Ns"], g3["alpha"], progress=False),
-        "alg4": lambda: experiments.separability_vs_n(weights, x, GRIDS["alg4"]["Ns"], progress=False),
-        "alg5": lambda: experiments.gradient_sensitivity(
+        "alg4": lambda: algorithms.separability_vs_n(weights, x, GRIDS["alg4"]["Ns"], progress=False),
+        "alg5": lambda: algorithms.gradient_sensitivity(
             logits, GRIDS["alg5"]["Ts"], GRIDS["alg5"]["epsilons"], progress=False),
     }
 

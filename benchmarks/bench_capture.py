@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from attn_utils.capture import capture
-from attn_utils.corpus import load_text, token_windows
-from attn_utils.models import load_model
+from attn_utils.models.capture import capture
+from attn_utils.models.corpus import load_text, token_windows
+from attn_utils.models.loading import load_model
 
 RESULTS = Path(__file__).parent / "results"
 MAX_RATIO = 1.3

@@ -29,7 +29,7 @@ L = 128                   # window length (tokens) of the attention map shown be
 seed = 0                  # seed of the synthetic examples
 
 # %%
-from attn_utils.params import validate
+from attn_utils.book.params import validate
 
 validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed)
 
@@ -41,10 +41,12 @@ import seaborn as sns
 import torch
 from myst_nb import glue
 
-from attn_utils import normalizers, plotting
-from attn_utils.session import Session
+from attn_utils.mathematics import normalizers
 
-plotting.set_style()
+from attn_utils.book import figures
+from attn_utils.book.session import Session
+
+figures.set_style()
 
 # %% [markdown]
 # ## Attention mixes vectors with normalized weights
@@ -89,7 +91,7 @@ plotting.set_style()
 # %% [markdown]
 # ## The normalizers in this book
 #
-# The library `attn_utils.normalizers` implements softmax and the alternatives that the paper names as
+# The library `attn_utils.mathematics.normalizers` implements softmax and the alternatives that the paper names as
 # remedies, behind one interface (`normalize(logits, name, mask=..., T=...)`), with masks, arbitrary
 # batch dimensions and float64. Two of them are **not** probability distributions:
 #
@@ -119,7 +121,7 @@ summary
 
 # %% tags=["hide-input"]
 grid = sns.catplot(data=weights, x="key", y="weight", hue="T", col="normalizer", col_wrap=3, kind="bar",
-                   height=2.2, aspect=1.4, palette=plotting.PALETTE, col_order=names)
+                   height=2.2, aspect=1.4, palette=figures.PALETTE, col_order=names)
 grid.set_titles("{col_name}")
 grid.figure.suptitle("One row of 12 synthetic logits under each normalizer (synthetic data, no model)", y=1.03)
 plt.show()
@@ -199,7 +201,7 @@ for h, ax in enumerate(np.atleast_1d(axes)):
                 square=True, xticklabels=False, yticklabels=False)
     ax.set_title(f"layer 0, head {h}")
     ax.set_xlabel("key"); ax.set_ylabel("query")
-plotting.model_title(fig, f"Attention weights on War and Peace, first {weights0.shape[-1]} tokens", session.name)
+figures.model_title(fig, f"Attention weights on War and Peace, first {weights0.shape[-1]} tokens", session.name)
 plt.show()
 
 # %% [markdown]
@@ -296,6 +298,6 @@ print(f"largest difference from normalizers.softmax: {float(gap):.1e}")
 # ```
 
 # %% tags=["exercise-check"]
-from attn_utils import classroom
+from attn_utils.classroom import exercises
 
-classroom.check("ch0-ex2", causal_softmax)
+exercises.check("ch0-ex2", causal_softmax)

@@ -35,7 +35,7 @@ Ts = [0.25, 1.0, 4.0]     # softmax temperatures of the synthetic checks
 n_trials = 200            # synthetic rows per (normalizer or temperature, length)
 
 # %%
-from attn_utils.params import validate
+from attn_utils.book.params import validate
 
 validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed, lengths=lengths,
          Ts=Ts, n_trials=n_trials)
@@ -50,11 +50,13 @@ import seaborn as sns
 import torch
 from myst_nb import glue
 
-from attn_utils import normalizers, plotting, theory
-from attn_utils.claims import Claim, record
-from attn_utils.session import Session
+from attn_utils.mathematics import normalizers, theory
 
-plotting.set_style()
+from attn_utils.book import figures
+from attn_utils.book.claims import Claim, record
+from attn_utils.book.session import Session
+
+figures.set_style()
 F64 = torch.float64
 CHAPTER = "ch1_vanishing"
 
@@ -223,7 +225,7 @@ glue("T_small", f"{min(Ts):g}", display=False)
 glue("c2_small", f"{theory.lemma1_constants(FAMILY[f'softmax, T={min(Ts):g}'], a_fig).C2:.1e}", display=False)
 shown = lemma1[lemma1.a == a_fig]
 fig, axes = plt.subplots(1, len(FAMILY), figsize=(2.9 * len(FAMILY), 3.2), sharey=True)
-colors = sns.color_palette(plotting.PALETTE)
+colors = sns.color_palette(figures.PALETTE)
 for ax, f_name in zip(np.atleast_1d(axes), FAMILY):
     sub = shown[shown.F == f_name]
     by_L = sub.groupby("L").agg(worst_max=("max weight", "max"), worst_min=("min weight", "min"),
@@ -238,7 +240,7 @@ for ax, f_name in zip(np.atleast_1d(axes), FAMILY):
     ax.set(xscale="log", yscale="log", xlabel="row length $L$", title=f_name)
 np.atleast_1d(axes)[0].set_ylabel("attention weight")
 fig.legend(*np.atleast_1d(axes)[0].get_legend_handles_labels(), loc="outside lower center", ncols=4, fontsize="small")
-plotting.model_title(fig, f"Lemma 1 on synthetic rows with logits in [-{a_fig:g}, {a_fig:g}]", "synthetic data, no model")
+figures.model_title(fig, f"Lemma 1 on synthetic rows with logits in [-{a_fig:g}, {a_fig:g}]", "synthetic data, no model")
 plt.show()
 
 # %% [markdown]
@@ -381,12 +383,12 @@ escape_mean
 # %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(5.6, 3.6))
 sns.lineplot(data=escape, x="L", y="max weight", hue="normalizer", style="normalizer", markers=True,
-             errorbar=None, ax=ax, palette=plotting.PALETTE)
+             errorbar=None, ax=ax, palette=figures.PALETTE)
 grid_L = np.array(lengths, dtype=float)
 ax.plot(grid_L, 1 / grid_L, ":", color="grey", label="$1/L$")
 ax.set(xscale="log", yscale="log", xlabel="row length $L$", ylabel="largest weight of the row (mean)")
 ax.legend(fontsize="small")
-plotting.model_title(fig, f"One planted key with logit gap {GAP:g}: who keeps it?", "synthetic data, no model")
+figures.model_title(fig, f"One planted key with logit gap {GAP:g}: who keeps it?", "synthetic data, no model")
 plt.show()
 
 # %% [markdown]
@@ -514,7 +516,7 @@ glue("m_obs_max", f"{observed.max():.2f}", display=False)
 
 # %% tags=["hide-input"]
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [1.6, 1]})
-sns.boxplot(data=valid, x="layer", y="log10 spread", showfliers=False, color=sns.color_palette(plotting.PALETTE)[0],
+sns.boxplot(data=valid, x="layer", y="log10 spread", showfliers=False, color=sns.color_palette(figures.PALETTE)[0],
             ax=ax1, linewidth=0.8)
 ax1.axhline(np.log10(L_win), ls="--", color="black", lw=1, label=f"$\\log_{{10}} {L_win}$: upper bound > 1 on every row")
 ax1.set(ylabel="$\\log_{10} e^{2\\Delta_t/T}$ = $\\log_{10}$(upper bound $\\times\\, t$)", xlabel="layer")
@@ -524,7 +526,7 @@ both = pd.concat([pd.DataFrame({"value": valid["log10 spread"], "quantity": "all
                   pd.DataFrame({"value": observed, "quantity": "observed: $\\log_{10}(t\\,\\max_j \\alpha_{t,j})$"})])
 sns.histplot(data=both, x="value", hue="quantity", bins=80, stat="density", common_norm=False, element="step", ax=ax2)
 ax2.set(xlabel="$\\log_{10}$ of ($t$ times a weight)")
-plotting.model_title(fig, "How far Corollary 1 lets a weight stray from 1/t, per row", session.name)
+figures.model_title(fig, "How far Corollary 1 lets a weight stray from 1/t, per row", session.name)
 plt.show()
 
 # %% [markdown]
@@ -610,7 +612,7 @@ fig, ax = plt.subplots(figsize=(6.8, 4.4))
 curves = {"mean_max": "mean max weight", "mean_nosink": "mean max weight, token 0 excluded",
           "median_nosink": "median max weight, token 0 excluded", "mean_top5": "mean of the top-5 weights",
           "sink": "mean weight on token 0"}
-for (column, label), ls, color in zip(curves.items(), ["-", "-", "--", "-", ":"], sns.color_palette(plotting.PALETTE)):
+for (column, label), ls, color in zip(curves.items(), ["-", "-", "--", "-", ":"], sns.color_palette(figures.PALETTE)):
     ax.plot(by_t.index, by_t[column], ls, color=color, lw=0.6, alpha=0.3)  # single rows
     ax.plot(binned_t.index, binned_t[column], ls, color=color, lw=1.8, label=label)  # log-binned
 fit_x = binned_t.index[binned_t.index >= t_min].to_numpy()
@@ -620,7 +622,7 @@ ax.plot(by_t.index, 1 / by_t.index.to_numpy(), color="black", lw=1, ls="-.", lab
 ax.axvline(t_min, color="grey", lw=0.6)
 ax.set(xscale="log", yscale="log", xlabel="row length $t$ (keys seen by the query)", ylabel="weight")
 ax.legend(fontsize="x-small", loc="lower left")
-plotting.model_title(fig, "Largest attention weights against row length, averaged over all heads", session.name)
+figures.model_title(fig, "Largest attention weights against row length, averaged over all heads", session.name)
 plt.show()
 
 # %% [markdown]
@@ -683,7 +685,7 @@ for x, ls in ((-1, "-"), (HEAD_DECAY, "--"), (HEAD_FLAT, "--")):
     ax.axvline(x, color="black", lw=0.8, ls=ls)
 ax.set(xlabel=f"log-log slope of the head's median largest weight against $t$ ($t\\geq{t_min}$)",
        ylabel="number of heads")
-plotting.model_title(fig, "Per-head decay of the largest weight", session.name)
+figures.model_title(fig, "Per-head decay of the largest weight", session.name)
 plt.show()
 
 # %% [markdown]
@@ -755,11 +757,11 @@ session.provenance_table()
 #
 # Write a function `max_weight_bound(F, a, L)` that returns the upper bound $C_2/L$ of Lemma 1 for a
 # positive function `F` (acting on float64 tensors) and logits in $[-a,a]$, by evaluating $F$ on a
-# fine grid of $[-a,a]$. Check it against `attn_utils.theory.lemma1_bounds` for the softmax at
+# fine grid of $[-a,a]$. Check it against `attn_utils.mathematics.theory.lemma1_bounds` for the softmax at
 # $T=0.5$, for softplus, and for the non-monotone $F(l)=2+\cos 3l$, at $a=2$ and several $L$. Then
 # build the row that comes closest to the bound (one logit where $F$ is largest, the others where it
 # is smallest) with a function `extreme_row(F, a, L)`, normalize it with
-# `attn_utils.normalizers.general`, and check that its largest weight stays below your bound while
+# `attn_utils.mathematics.normalizers.general`, and check that its largest weight stays below your bound while
 # exceeding $0.9$ times it for large $L$.
 # ```
 #
@@ -802,6 +804,6 @@ print("max_weight_bound agrees with theory.lemma1_bounds; the extreme rows appro
 # ```
 
 # %% tags=["exercise-check"]
-from attn_utils import classroom
+from attn_utils.classroom import exercises
 
-classroom.check("ch1-ex2", max_weight_bound, extreme_row)
+exercises.check("ch1-ex2", max_weight_bound, extreme_row)

@@ -44,7 +44,7 @@ distance_reading = "sum_of_norms"      # reading of d~ measured on the model: "s
 rows_per_octave = 32                   # query rows sampled per octave of positions, i.e. per doubling of t; None for every row
 
 # %%
-from attn_utils.params import validate
+from attn_utils.book.params import validate
 
 validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed, N=N, lengths=lengths,
          Ns=Ns, ks_alpha=ks_alpha, n_trials=n_trials, n_samples=n_samples, vectors=vectors,
@@ -68,12 +68,14 @@ import torch
 from myst_nb import glue
 from scipy.stats import ks_2samp
 
-from attn_utils import experiments, metrics, plotting, runlog, theory
-from attn_utils.claims import Claim, record
-from attn_utils.normalizers import causal_mask
-from attn_utils.session import VECTOR_FIELD, Session
+from attn_utils.mathematics import algorithms, metrics, theory
 
-plotting.set_style()
+from attn_utils.book import figures, runlog
+from attn_utils.book.claims import Claim, record
+from attn_utils.mathematics.normalizers import causal_mask
+from attn_utils.book.session import VECTOR_FIELD, Session
+
+figures.set_style()
 CHAPTER = "ch2_distance"
 F64 = torch.float64
 gen = torch.Generator().manual_seed(seed)
@@ -401,11 +403,11 @@ long = fixed.melt(id_vars=["family"], value_vars=["ratio (sum_of_norms)", "ratio
                   var_name="reading", value_name="ratio")
 long["reading"] = long["reading"].str.extract(r"\((.*)\)")[0].str.replace("_", " ")
 fig, ax = plt.subplots(figsize=(8.5, 3.6))
-sns.boxplot(data=long, y="family", x="ratio", hue="reading", ax=ax, palette=plotting.PALETTE, fliersize=1.5,
+sns.boxplot(data=long, y="family", x="ratio", hue="reading", ax=ax, palette=figures.PALETTE, fliersize=1.5,
             order=list(FAMILIES))
 ax.axvline(1.0, color="black", ls="--", lw=1)
 ax.set(xlabel=r"$\tilde d\,/\,$bound of Theorem 1 (fixed set)", ylabel="")
-plotting.model_title(fig, f"Theorem 1 (fixed top-N set) on {n_fixed:,} random instances", "synthetic data, no model")
+figures.model_title(fig, f"Theorem 1 (fixed top-N set) on {n_fixed:,} random instances", "synthetic data, no model")
 plt.show()
 
 # %% [markdown]
@@ -596,18 +598,18 @@ fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
 rel = exact.dropna(subset=["relative residual"]).copy()
 rel["L"] = rel["L"].astype(str)
 sns.lineplot(data=rel, x="N / L", y="relative residual", hue="L", style="family", markers=True, errorbar=None,
-             ax=axes[0], palette=plotting.PALETTE)
+             ax=axes[0], palette=figures.PALETTE)
 axes[0].set(title=r"Jensen residual $\varepsilon\,/\,\mathbb{E}[\tilde d]$ (exact)", xlabel="$N/L$")
 axes[0].legend(fontsize="x-small")
-sns.lineplot(data=cor_i, x="L", y="E / A", hue="vectors", marker="o", ax=axes[1], palette=plotting.PALETTE,
+sns.lineplot(data=cor_i, x="L", y="E / A", hue="vectors", marker="o", ax=axes[1], palette=figures.PALETTE,
              errorbar=("pi", 80))
 axes[1].axhline(1.0, color="black", ls="--", lw=1)
 axes[1].set(xscale="log", yscale="log", title=rf"Cor. 2 (i): $\mathcal{{E}}/A$ at $N={COR_N}$", xlabel="$L$")
 axes[1].legend(fontsize="x-small")
 cii = cor_ii.melt(id_vars="N", value_vars=["main sum", "cap"], var_name="quantity")
-sns.lineplot(data=cii, x="N", y="value", hue="quantity", ax=axes[2], palette=plotting.PALETTE, errorbar=None)
+sns.lineplot(data=cii, x="N", y="value", hue="quantity", ax=axes[2], palette=figures.PALETTE, errorbar=None)
 axes[2].set(yscale="log", title=rf"Cor. 2 (ii): $\mathcal{{E}}$ and its cap, $L={COR_L2}$", xlabel="$N$", ylabel="mean over rows")
-plotting.model_title(fig, "Theorem 1 (random set) and Corollary 2 on random rows", "synthetic data, no model")
+figures.model_title(fig, "Theorem 1 (random set) and Corollary 2 on random rows", "synthetic data, no model")
 plt.show()
 
 # %% [markdown]
@@ -687,7 +689,7 @@ pd.Series(session.summary(), name="value").to_frame()
 # ### How the rows are evaluated
 #
 # The paper's loops average each statistic over all query rows $t$. The library's Algorithms 1–3
-# (`experiments.distance_vs_length`, `distance_vs_n`, `critical_n`) do exactly that, with one full
+# (`algorithms.distance_vs_length`, `distance_vs_n`, `critical_n`) do exactly that, with one full
 # pass over all rows of all heads per length (the top-$N$ sizes of a length share its partial sorts
 # and Gram products). Panels (b) and (c) need dozens of sizes at the full length; with every row
 # that takes longer than this book's time budget (a few minutes for all chapters on two cores). We
@@ -698,12 +700,12 @@ pd.Series(session.summary(), name="value").to_frame()
 # equally spaced rows of the larger octaves, each standing for the rows of its octave it represents.
 # The head means of every length $L'$ are then weighted means over the sampled rows $t<L'$, so one
 # pass per $N$ serves all lengths. Two checks below tie this to the library's algorithms: on the
-# lengths where every row is sampled, the results must coincide with `experiments.distance_vs_length`
-# and `experiments.critical_n`; at the largest length, the sampled head means are compared with the
-# exact ones of `experiments.distance_vs_n` on two layers. `rows_per_octave=None` evaluates every row.
+# lengths where every row is sampled, the results must coincide with `algorithms.distance_vs_length`
+# and `algorithms.critical_n`; at the largest length, the sampled head means are compared with the
+# exact ones of `algorithms.distance_vs_n` on two layers. `rows_per_octave=None` evaluates every row.
 
 # %%
-rows, row_weight = experiments.sample_rows(L_win, rows_per_octave)
+rows, row_weight = algorithms.sample_rows(L_win, rows_per_octave)
 octave_of = np.array([int(t).bit_length() for t in rows])
 W_rows = captured.weights[:, :, torch.as_tensor(rows), :]  # (layers, heads, R, L), float32
 glue("m_rows", len(rows), display=False)
@@ -796,7 +798,7 @@ if full_lengths:
     Lc = max(full_lengths)
     block = captured.weights[:, :, :Lc, :Lc].to(F64)
     block = block / block.sum(-1, keepdim=True)
-    reference = experiments.distance_vs_length(block, x_all[:, :, :Lc], N=N, lengths=full_lengths,
+    reference = algorithms.distance_vs_length(block, x_all[:, :, :Lc], N=N, lengths=full_lengths,
                                                reading=distance_reading, progress=False)
     ours = by_length[by_length["L"].isin(full_lengths)].sort_values(["L", "layer", "head"])
     reference = reference.sort_values(["L", "layer", "head"])
@@ -812,7 +814,7 @@ else:
 two = [0, n_layers - 1]
 block = captured.weights[two].to(F64)
 block = block / block.sum(-1, keepdim=True)
-exact_two = experiments.distance_vs_n(block, x_all[two], Ns=[N], L=L_win, reading=distance_reading, progress=False)
+exact_two = algorithms.distance_vs_n(block, x_all[two], Ns=[N], L=L_win, reading=distance_reading, progress=False)
 sampled_two = frame(values_for(N, L_win, True), L_win, N)
 sampled_two = sampled_two[sampled_two["layer"].isin(two)].sort_values(["layer", "head"])
 exact_two = exact_two.assign(layer=exact_two["layer"].map(dict(enumerate(two)))).sort_values(["layer", "head"])
@@ -828,9 +830,9 @@ sampling_error.describe().loc[["50%", "max"]].rename(index={"50%": "median relat
 
 # %% [markdown]
 # On the lengths where every row is sampled ({glue:text}`m_check_lengths`) our head means agree with
-# `experiments.distance_vs_length` to a relative {glue:text}`m_check_agreement`. At the full length the
+# `algorithms.distance_vs_length` to a relative {glue:text}`m_check_agreement`. At the full length the
 # {glue:text}`m_rows` sampled rows ({glue:text}`m_rows_share` of the rows) reproduce the exact head
-# means of `experiments.distance_vs_n` on layers 0 and {glue:text}`m_last_layer` with a median relative
+# means of `algorithms.distance_vs_n` on layers 0 and {glue:text}`m_last_layer` with a median relative
 # error of at most {glue:text}`m_sample_med` per quantity; single heads are off by up to
 # {glue:text}`m_sample_max`, and the mean over these heads by {glue:text}`m_sample_mean_err`. Panel
 # summaries over all heads are therefore reliable to a few per cent; single heads are not.
@@ -844,7 +846,7 @@ sampling_error.describe().loc[["50%", "max"]].rename(index={"50%": "median relat
 # of the grid, in increasing order, whose KS test does not reject equality at level `ks_alpha`
 # ($p>\alpha$), and $-1$ if every test rejects; we scan the grid upward and stop there, which returns
 # the same $N$. The samples of each test are the per-head means $\bar d$ and $\bar{\mathcal E}$ of all
-# heads. On the fully sampled lengths the result is compared with `experiments.critical_n`.
+# heads. On the fully sampled lengths the result is compared with `algorithms.critical_n`.
 
 # %%
 FRACTIONS = (1 / 64, 1 / 32, 1 / 8, 1 / 4, 3 / 8, 1 / 2, 5 / 8, 11 / 16, 3 / 4, 13 / 16, 7 / 8, 15 / 16)
@@ -879,7 +881,7 @@ crit_check = []
 for length in full_lengths:
     blk = captured.weights[:, :, :length, :length].to(F64)
     blk = blk / blk.sum(-1, keepdim=True)
-    ref = experiments.critical_n(blk, x_all[:, :, :length], lengths=[length], Ns=critical_grid(length),
+    ref = algorithms.critical_n(blk, x_all[:, :, :length], lengths=[length], Ns=critical_grid(length),
                                  alpha=ks_alpha, reading=distance_reading, progress=False).summary
     crit_check.append(int(ref["critical_n"].iloc[0]) == int(crit.loc[crit["L"] == length, "critical N"].iloc[0]))
 assert all(crit_check), crit_check
@@ -900,7 +902,7 @@ glue("m_p_006_max", f"{p_006['pvalue'].max():.1e}" if len(p_006) else "not teste
 
 # %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
-colors = dict(zip(["true distance", "main sum E", "bound"], sns.color_palette(plotting.PALETTE, 3)))
+colors = dict(zip(["true distance", "main sum E", "bound"], sns.color_palette(figures.PALETTE, 3)))
 names = {"distance": "true distance", "expectation": "main sum E", "bound": "bound"}
 for ax, table, xcol, title in ((axes[0], by_length, "L", f"(a) N = {N}, growing L"),
                                (axes[1], by_n, "N", f"(b) L = {L_win}, growing N")):
@@ -915,13 +917,13 @@ grid_L = np.array(sorted(lengths), dtype=float)
 ax.plot(grid_L, 0.06 * grid_L, "--", color="black", label="paper: 0.06 L")
 ax.plot(grid_L, grid_L - 1, ":", color="grey", label="L - 1 (largest N tested)")
 ok = crit[crit["critical N"] > 0]
-ax.plot(ok["L"], ok["critical N"], "o-", color=sns.color_palette(plotting.PALETTE)[3], label="critical N (ours)")
+ax.plot(ok["L"], ok["critical N"], "o-", color=sns.color_palette(figures.PALETTE)[3], label="critical N (ours)")
 for _, r in ok.iterrows():
     ax.annotate(f"{r['critical N / L']:.2f} L", (r["L"], r["critical N"]), textcoords="offset points", xytext=(4, -12),
                 fontsize="x-small")
 ax.set(xscale="log", yscale="log", xlabel="L", ylabel="N", title=f"(c) critical N, KS test at alpha = {ks_alpha:g}")
 ax.legend(fontsize="small")
-plotting.model_title(fig, f"Distance statistics of Theorem 1 on War and Peace ({vectors} vectors, "
+figures.model_title(fig, f"Distance statistics of Theorem 1 on War and Peace ({vectors} vectors, "
                           f"{distance_reading.replace('_', ' ')})", session.name)
 plt.show()
 
@@ -1041,7 +1043,7 @@ glue("m_read_006", sentence, display=False)
 # "fewer than 6 %". {glue:text}`m_read_006`. Panel (a) explains why: at small $N$ the top-$N$ distance
 # grows with $L$ while the main sum stays bounded, so over all heads the two samples are far apart,
 # and they meet only once a large part of the row is selected. The upward scan agrees with
-# `experiments.critical_n` on {glue:text}`m_crit_check` fully sampled lengths. (Time on this run:
+# `algorithms.critical_n` on {glue:text}`m_crit_check` fully sampled lengths. (Time on this run:
 # {glue:text}`m_panel_seconds` s for panels (a) and (b), {glue:text}`m_critical_seconds` s for the
 # scan.)
 
@@ -1170,9 +1172,9 @@ session.provenance_table()
 # attention matrix). Without vectorised library calls, write a function
 # `distance_by_loop(weights_row, x, n_top)` that finds the top-$N$ set (ties to the earlier key),
 # builds the context vector $s$, adds up $\tilde d=\sum_{i\notin I_N}\|\alpha_i x_i-s\|$ and returns
-# the three (the set of indices, $s$ and $\tilde d$). Compare with `attn_utils.metrics.top_n_mask` and
-# `attn_utils.metrics.cumulative_distance`, and check the bound of
-# `attn_utils.theory.theorem1_fixed_bound` on the same row.
+# the three (the set of indices, $s$ and $\tilde d$). Compare with `attn_utils.mathematics.metrics.top_n_mask` and
+# `attn_utils.mathematics.metrics.cumulative_distance`, and check the bound of
+# `attn_utils.mathematics.theory.theorem1_fixed_bound` on the same row.
 # ```
 #
 # ```{solution-start} ch2-ex2
@@ -1211,9 +1213,9 @@ print(f"loop: {d_loop:.10f}, library: {d_lib:.10f}")
 # ```
 
 # %% tags=["exercise-check"]
-from attn_utils import classroom
+from attn_utils.classroom import exercises
 
-classroom.check("ch2-ex2", distance_by_loop)
+exercises.check("ch2-ex2", distance_by_loop)
 
 # %% [markdown]
 # ```{exercise} When the Jensen residual vanishes

@@ -39,7 +39,7 @@ sigmas = [0.5, 1.0, 2.0]  # standard deviations of the N(0, sigma^2) logits of t
 n_trials = 100            # synthetic instances (embeddings + 4 query rows) per sigma
 
 # %%
-from attn_utils.params import validate
+from attn_utils.book.params import validate
 
 validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed, Ns=Ns, M=M,
          vectors=vectors, sigmas=sigmas, n_trials=n_trials)
@@ -55,18 +55,20 @@ import seaborn as sns
 import torch
 from myst_nb import glue
 
-from attn_utils import experiments, metrics, normalizers, plotting, theory
-from attn_utils.claims import Claim, record
-from attn_utils.session import Session
+from attn_utils.mathematics import algorithms, metrics, normalizers, theory
 
-plotting.set_style()
+from attn_utils.book import figures, runlog
+from attn_utils.book.claims import Claim, record
+from attn_utils.book.session import Session
+
+figures.set_style()
 F64 = torch.float64
 CHAPTER = "ch3_separability"
 TOL = 1e-12               # slack allowed to rounding when a proven inequality is checked in float64
 MODEL_TOL = 1e-9          # the same on model rows (float32 weights renormalized in float64)
-GREEN = sns.color_palette(plotting.PALETTE)[2]
-RED = sns.color_palette(plotting.PALETTE)[3]
-BLUE = sns.color_palette(plotting.PALETTE)[0]
+GREEN = sns.color_palette(figures.PALETTE)[2]
+RED = sns.color_palette(figures.PALETTE)[3]
+BLUE = sns.color_palette(figures.PALETTE)[0]
 Ns = [N for N in Ns if N < L]  # a top-N set needs at least one non-selected key
 if not Ns:
     raise ValueError(f"parameter Ns must hold at least one value below L = {L}")
@@ -111,7 +113,7 @@ _t_start = time.time()
 # **The radius.** The paper's Algorithm 4 takes the largest radius that keeps every non-selected
 # point out, $r=\min_{j\notin I_N}\|s-\alpha_j x_j\|_2$. With this $r$ the nearest non-selected point
 # lies *on* the sphere $\partial B_r(s)$, so read literally with the closed ball the second indicator
-# would always be $0$. The library (`attn_utils.metrics.separability`) therefore uses the open ball:
+# would always be $0$. The library (`attn_utils.mathematics.metrics.separability`) therefore uses the open ball:
 #
 # ```{prf:remark} Boundary convention (ours)
 # :label: ch3-rem-boundary
@@ -193,7 +195,7 @@ labels = [t for ax in (axes[0], axes[2]) for t in ax.get_legend_handles_labels()
 keep = [labels.index(t) for t in dict.fromkeys(labels)]
 fig.legend([handles[k] for k in keep], [labels[k] for k in keep], loc="lower center", ncol=5, frameon=False,
            bbox_to_anchor=(0.5, -0.06))
-plotting.model_title(fig, "Figure 1 redrawn: geometric separation in two dimensions", "synthetic data, no model")
+figures.model_title(fig, "Figure 1 redrawn: geometric separation in two dimensions", "synthetic data, no model")
 plt.show()
 
 # %% [markdown]
@@ -239,7 +241,7 @@ plt.show()
 # (Hoeffding, Markov, Cauchy–Schwarz, and $\|x_i-x_j\|^2\ge\delta^2$) and the fact that $\xi_i$
 # measures how widely the other $N-1$ selected, rescaled embeddings spread around $x_i$ survive; **the
 # formulas of $\xi_i$ and of both bounds do not**. Everything in this section is **our reconstruction**
-# (NOTES §2, Theorem 2), implemented in `attn_utils.theory.theorem2_xi` and `theorem2_bounds`.
+# (NOTES §2, Theorem 2), implemented in `attn_utils.mathematics.theory.theorem2_xi` and `theorem2_bounds`.
 #
 # ```{prf:lemma} The spread $\xi_i$ bounds $X_i$ (our reconstruction)
 # :label: ch3-lem-xi
@@ -492,7 +494,7 @@ syn_long["sigma"] = syn_long.sigma.map(lambda v: f"{v:g}")
 fig, axes = plt.subplots(1, 2, figsize=(12, 4.3))
 for ax, parts in zip(axes, (["measured $N_s/N$", "'upper bound' (heuristic)"], ["lower bound (proven)"])):
     sns.lineplot(data=syn_long[syn_long.quantity.isin(parts)], x="N", y="value", hue="sigma", style="quantity",
-                 markers=True, errorbar=None, ax=ax, palette=plotting.PALETTE)
+                 markers=True, errorbar=None, ax=ax, palette=figures.PALETTE)
     ax.set_xscale("log", base=2)
     ax.set_xticks(Ns, [str(n) for n in Ns])
     ax.set_xlabel("top-N size $N$")
@@ -502,7 +504,7 @@ axes[0].set_title("(a) separability fraction and the exponential 'upper bound'")
 axes[1].axhline(0, color="0.3", lw=1)
 axes[1].set_ylabel("mean over rows")
 axes[1].set_title("(b) the proven lower bound (below 0: vacuous)")
-plotting.model_title(fig, f"Theorem 2 on random spheres (d = {SYN_D}, L = {L}, logits N(0, sigma^2))",
+figures.model_title(fig, f"Theorem 2 on random spheres (d = {SYN_D}, L = {L}, logits N(0, sigma^2))",
                      "synthetic data, no model")
 plt.show()
 
@@ -528,7 +530,7 @@ plt.show()
 # %% [markdown]
 # ## The experiment: separability on a pretrained model (the paper's Figure 3)
 #
-# We run the paper's Algorithm 4 (`experiments.separability_vs_n`) on every layer and head: the
+# We run the paper's Algorithm 4 (`algorithms.separability_vs_n`) on every layer and head: the
 # per-head `vectors` of the window (value vectors by default; the paper does not say which vectors it
 # used) are projected onto the sphere of radius $M$, $\delta$ is their minimum pairwise distance per
 # head, and for every query row and every $N$ of the grid the row's $r$, $N_s/N$ and both bounds are
@@ -541,7 +543,8 @@ field = {"value": "v", "key": "k", "query": "q"}[vectors]
 captured = session.capture(what=("weights", field))
 x_model = session.vectors(captured, vectors)
 n_layers, n_heads, L_win = captured.weights.shape[0], captured.weights.shape[1], captured.weights.shape[-1]
-sep = experiments.separability_vs_n(captured.weights, x_model, Ns=Ns, M=M, progress=False)
+with runlog.timing("Algorithm 4"):  # the reproducibility chapter sets this time beside the paper's Table 1
+    sep = algorithms.separability_vs_n(captured.weights, x_model, Ns=Ns, M=M, progress=False)
 glue("model_name", session.name, display=False)
 glue("n_layers", n_layers, display=False)
 glue("n_heads", n_heads, display=False)
@@ -720,7 +723,7 @@ ax.set_ylabel(r"per-head mean of $N_s/N$ over rows")
 handles, labels = ax.get_legend_handles_labels()
 handles.insert(1, Patch(facecolor=GREEN, edgecolor="0.3", label="$N_s/N$ per head (boxes)"))
 ax.legend(handles=handles, loc="lower left", fontsize="small")
-plotting.model_title(fig, f"Geometric separability vs N (Figure 3), L = {L_win}, {vectors} vectors, M = {M:g}",
+figures.model_title(fig, f"Geometric separability vs N (Figure 3), L = {L_win}, {vectors} vectors, M = {M:g}",
                      session.name)
 plt.show()
 
@@ -861,8 +864,8 @@ session.provenance_table()
 # set (ties to the earlier key), $s$, the radius $r=\min_{j\notin I_N}\|s-\alpha_jx_j\|$ and
 # $N_s=\#\{i\in I_N:\|s-\alpha_ix_i\|<r\}$, and returns $(N_s, r)$. Try it on one row of softmax
 # weights (logits from $N(0,1)$) over $L=50$ random vectors in $\R^{16}$ with $N=8$: compare $N_s/N$
-# and $r$ with `attn_utils.metrics.separability`, and check the lower bound of
-# {prf:ref}`the lower bound of Theorem 2 <ch3-thm2-lower>` with `attn_utils.theory.theorem2_bounds`.
+# and $r$ with `attn_utils.mathematics.metrics.separability`, and check the lower bound of
+# {prf:ref}`the lower bound of Theorem 2 <ch3-thm2-lower>` with `attn_utils.mathematics.theory.theorem2_bounds`.
 # ```
 #
 # ```{solution-start} ch3-ex2
@@ -899,6 +902,6 @@ print(f"N_s = {Ns_ex} of N = {N_ex}, r = {r_ex:.4f}; library: {float(ratio_lib[0
 # ```
 
 # %% tags=["exercise-check"]
-from attn_utils import classroom
+from attn_utils.classroom import exercises
 
-classroom.check("ch3-ex2", separability_by_loop)
+exercises.check("ch3-ex2", separability_by_loop)

@@ -40,7 +40,7 @@ logit_scale = "raw"       # "raw" (logits q.k; the model's own T is 1/scaling, 8
 n_trials = 3000           # random synthetic instances for each numerical check of the theory
 
 # %%
-from attn_utils.params import validate
+from attn_utils.book.params import validate
 
 validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed, Ts=Ts,
          epsilons=epsilons, logit_scale=logit_scale, n_trials=n_trials)
@@ -55,11 +55,13 @@ import seaborn as sns
 import torch
 from myst_nb import glue
 
-from attn_utils import experiments, metrics, plotting, theory
-from attn_utils.claims import Claim, record
-from attn_utils.session import Session
+from attn_utils.mathematics import algorithms, metrics, theory
 
-plotting.set_style()
+from attn_utils.book import figures, runlog
+from attn_utils.book.claims import Claim, record
+from attn_utils.book.session import Session
+
+figures.set_style()
 CHAPTER = "ch4_gradient"
 
 
@@ -147,12 +149,12 @@ example.iloc[::4].style.format("{:.3g}").hide(axis="index")
 fig, ax = plt.subplots(figsize=(6.4, 4.2))
 tidy = example.melt(id_vars="eps/T", value_vars=["change", "first order"], var_name="quantity", value_name="norm")
 sns.lineplot(data=tidy, x="eps/T", y="norm", hue="quantity", style="quantity", markers=True, ax=ax,
-             palette=plotting.PALETTE)
+             palette=figures.PALETTE)
 ax.plot(example["eps/T"], example["change bound"], "k--", lw=1, label=r"bound $\min\{\sqrt{5}\,\varepsilon/(2T), \sqrt{2}\}$")
 ax.set(xscale="log", yscale="log", xlabel=r"$\varepsilon/T$", ylabel=r"$\|\alpha^{(1)}-\alpha^{(2)}\|_2$",
        ylim=(example["change"].min() / 5, 5))  # the first-order term vanishes once the rows are one-hot
 ax.legend(loc="lower right")
-plotting.model_title(fig, "Two nearly identical logit vectors whose top two logits swap", "synthetic, no model")
+figures.model_title(fig, "Two nearly identical logit vectors whose top two logits swap", "synthetic, no model")
 plt.show()
 
 # %% [markdown]
@@ -506,7 +508,7 @@ record(Claim(key="ch4-finite-difference-bound", chapter=CHAPTER,
 # %% [markdown]
 # ## Figure 4 on the pretrained model
 #
-# Algorithm 5 of the paper, as we read it (`experiments.gradient_sensitivity`): for each layer and
+# Algorithm 5 of the paper, as we read it (`algorithms.gradient_sensitivity`): for each layer and
 # head take the logit matrix of the text, and for every query row $t$ draw a direction $v_t$
 # uniformly on the unit sphere of the keys the row can see (causal mask) and compute
 # $\|\operatorname{softmax}((l_t+\varepsilon v_t)/T)-\operatorname{softmax}(l_t/T)\|_2/\varepsilon$;
@@ -537,7 +539,8 @@ else:
     T_model_layers = torch.ones_like(captured.scaling)
 T_model = float(T_model_layers.median())
 Ts_run = sorted(set(float(T) for T in Ts) | {T_model})
-result = experiments.gradient_sensitivity(logits, Ts_run, epsilons=epsilons, seed=seed, progress=False)
+with runlog.timing("Algorithm 5"):  # the reproducibility chapter sets this time beside the paper's Table 1
+    result = algorithms.gradient_sensitivity(logits, Ts_run, epsilons=epsilons, seed=seed, progress=False)
 summary = result.summary
 n_layers, n_heads, L_run = logits.shape[0], logits.shape[1], logits.shape[-1]
 glue("ch4_model", session.name, display=False)
@@ -555,7 +558,7 @@ summary.pivot(index="T", columns="eps", values="g").style.format("{:.3e}").set_c
 fig, ax = plt.subplots(figsize=(8.4, 4.6))
 curves = summary.assign(eps=summary["eps"].map(lambda e: f"{e:g}"))
 sns.lineplot(data=curves, x="T", y="g", hue="eps", style="eps", markers=True, dashes=False, ax=ax,
-             palette=plotting.PALETTE)
+             palette=figures.PALETTE)
 T_dense = np.logspace(np.log10(min(Ts_run)), np.log10(max(Ts_run)), 200)
 ax.plot(T_dense, [theory.corollary3_bound(T) for T in T_dense], "k--", lw=1.2,
         label=r"paper: $\min\{1/(4T),\sqrt{2}\}$")
@@ -567,7 +570,7 @@ ax.text(T_model, 0.02, " model's own T", transform=ax.get_xaxis_transform(), va=
 ax.set(xscale="log", yscale="log", xlabel=f"temperature T (logit scale: {logit_scale})",
        ylabel=r"$g(T,\varepsilon)$, max over heads")
 ax.legend(title=r"$\varepsilon$", fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
-plotting.model_title(fig, f"Finite-difference Jacobian norm, War and Peace, L = {L_run}, {n_layers * n_heads} heads",
+figures.model_title(fig, f"Finite-difference Jacobian norm, War and Peace, L = {L_run}, {n_layers * n_heads} heads",
                      session.name)
 plt.show()
 
@@ -832,7 +835,7 @@ session.provenance_table()
 # sphere (normalise a standard Gaussian vector drawn with `torch.randn(..., generator=generator,
 # dtype=torch.float64)`) and returns
 # $\|\operatorname{softmax}((l+\varepsilon v)/T)-\operatorname{softmax}(l/T)\|_2/\varepsilon$.
-# Compare it with `attn_utils.metrics.finite_difference_gradient` given a generator with the same
+# Compare it with `attn_utils.mathematics.metrics.finite_difference_gradient` given a generator with the same
 # seed: the two must agree to rounding. Then check that your values respect
 # $\min\{1/(2T),\sqrt2/\varepsilon\}$ for every $T$ of `Ts` and $\varepsilon$ of `epsilons`.
 # ```
@@ -866,6 +869,6 @@ print(f"g_row agrees with metrics.finite_difference_gradient at {len(Ts) * len(e
 # ```
 
 # %% tags=["exercise-check"]
-from attn_utils import classroom
+from attn_utils.classroom import exercises
 
-classroom.check("ch4-ex2", g_row)
+exercises.check("ch4-ex2", g_row)

@@ -36,7 +36,7 @@
 
 # %% tags=["parameters"]
 # This chapter has no parameters of its own: it reads the records that the other chapters of the same
-# build wrote (attn_utils.runlog). Re-run the whole book to change what it reports.
+# build wrote (attn_utils.book.runlog). Re-run the whole book to change what it reports.
 
 # %% tags=["hide-input"]
 import matplotlib.pyplot as plt
@@ -45,9 +45,9 @@ import seaborn as sns
 from IPython.display import Markdown, display
 from myst_nb import glue
 
-from attn_utils import claims, plotting, runlog
+from attn_utils.book import claims, figures, runlog
 
-plotting.set_style()
+figures.set_style()
 PAPER_MODEL = "gpt2"
 
 # %% [markdown]
@@ -88,7 +88,7 @@ order = [v for v in claims.VERDICTS if v in counts]
 sns.countplot(data=ledger, y="chapter", hue="verdict", hue_order=order, palette=[COLOURS[v] for v in order],
               edgecolor="black", ax=ax)
 ax.set_xlabel("number of rows in the ledger")
-plotting.model_title(fig, "Verdicts per chapter", ", ".join(models) or "synthetic only")
+figures.model_title(fig, "Verdicts per chapter", ", ".join(models) or "synthetic only")
 plt.show()
 
 # %% [markdown]

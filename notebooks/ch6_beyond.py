@@ -52,7 +52,7 @@ n_samples = 200           # permutations of the multi-head independence test
 rows_per_octave = 4       # query rows sampled per octave of positions [2^k, 2^(k+1)) of the model's window
 
 # %%
-from attn_utils.params import validate
+from attn_utils.book.params import validate
 
 validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, long_lengths=long_lengths, seed=seed,
          normalizers=normalizers, lengths=lengths, Ts=Ts, N=N, Ns=Ns, n_trials=n_trials, n_samples=n_samples,
@@ -69,13 +69,17 @@ import seaborn as sns
 import torch
 from myst_nb import glue
 
-from attn_utils import beyond, capture, experiments, metrics, plotting
-from attn_utils.claims import Claim, record
-from attn_utils.corpus import token_windows
-from attn_utils.normalizers import causal_mask, normalize
-from attn_utils.session import Session
+from attn_utils.mathematics import algorithms, lenses, metrics
 
-plotting.set_style()
+from attn_utils.models import capture
+
+from attn_utils.book import figures
+from attn_utils.book.claims import Claim, record
+from attn_utils.models.corpus import token_windows
+from attn_utils.mathematics.normalizers import causal_mask, normalize
+from attn_utils.book.session import Session
+
+figures.set_style()
 CHAPTER = "ch6_beyond"
 F64 = torch.float64
 _t_start = time.time()
@@ -83,9 +87,9 @@ _t_start = time.time()
 THREADS = torch.get_num_threads()
 torch.set_num_threads(1)
 NAMES = list(dict.fromkeys(normalizers))                 # the normalizers compared, in the order given
-GEOMETRIC = [n for n in NAMES if beyond.weight_kind(n) != "signed"]  # the lenses of Theorems 1-2 need alpha >= 0
-LABEL = {n: beyond.LABELS[n] for n in NAMES}
-COLOR = dict(zip(beyond.JACOBIAN_NAMES, sns.color_palette(plotting.PALETTE, len(beyond.JACOBIAN_NAMES))))
+GEOMETRIC = [n for n in NAMES if lenses.weight_kind(n) != "signed"]  # the lenses of Theorems 1-2 need alpha >= 0
+LABEL = {n: lenses.LABELS[n] for n in NAMES}
+COLOR = dict(zip(lenses.JACOBIAN_NAMES, sns.color_palette(figures.PALETTE, len(lenses.JACOBIAN_NAMES))))
 PALETTE = {LABEL[n]: COLOR[n] for n in NAMES}
 ORDER = [LABEL[n] for n in NAMES]                       # legend order of every figure
 ORDER_GEO = [LABEL[n] for n in GEOMETRIC]
@@ -93,7 +97,7 @@ REL_TOL = 1e-9            # float64 rounding allowance when a bound is attained
 
 
 def norm_kw(name: str, T: float, s: float) -> dict:
-    """Keyword arguments of attn_utils.normalizers.normalize: every normalizer takes T, scalable softmax also s."""
+    """Keyword arguments of attn_utils.mathematics.normalizers.normalize: every normalizer takes T, scalable softmax also s."""
     return {"T": T, "s": s} if name == "ssmax" else {"T": T}
 
 
@@ -135,7 +139,7 @@ glue("names_list", ", ".join(LABEL.values()), display=False)
 # ## The normalizers
 #
 # All of them map a row of logits $l_1,\dots,l_L$ (with $z=l/T$) to weights; the library
-# `attn_utils.normalizers` implements each one with masks and in float64.
+# `attn_utils.mathematics.normalizers` implements each one with masks and in float64.
 #
 # | normalizer | weights | rows are | $L$ in $\theta$? |
 # |---|---|---|---|
@@ -172,8 +176,8 @@ glue("names_list", ", ".join(LABEL.values()), display=False)
 # ```
 #
 # So softmax-1 and normalized self-adjust softmax enter the distance and separability lenses as they
-# are (the library's `beyond.geometry` works on any non-negative row; `beyond.lens_distance` takes the
-# route through the distribution $\alpha/m$ and `attn_utils.metrics`, and the tests check that both
+# are (the library's `lenses.geometry` works on any non-negative row; `lenses.lens_distance` takes the
+# route through the distribution $\alpha/m$ and `attn_utils.mathematics.metrics`, and the tests check that both
 # agree). Softmax-1 therefore separates exactly as softmax does, and its distance is softmax's times
 # the mass. The signed self-adjust softmax has no top-$N$ set in the paper's sense (negative weights)
 # and no rescaling makes it a distribution: it appears in the lenses of Lemma 1 (through
@@ -245,7 +249,7 @@ glue("names_list", ", ".join(LABEL.values()), display=False)
 # $F(l_i)/\sum_jF(l_j)$ with a positive $F$ at all (the threshold $\tau$ couples the keys, and weights
 # can be exactly zero), so both halves of Lemma 1 fail — a key can keep weight 1, and the lower
 # bound $C_1/L>0$ is violated by every exact zero. The library gives each envelope
-# (`beyond.lemma1_envelope`) and the planted-key guarantee (`beyond.planted_weight_bound`).
+# (`lenses.lemma1_envelope`) and the planted-key guarantee (`lenses.planted_weight_bound`).
 #
 # **Synthetic check.** For each length of `lengths`, `n_trials` rows of two families at $T=1$:
 # *typical* rows with logits uniform on $[-a,a]$, and *planted* rows where key 0 sits at $+a$ and the
@@ -277,11 +281,11 @@ for length in lengths:
         logits_syn = synthetic_rows(family, n_trials, length)
         for name in NAMES:
             w = normalize(logits_syn, name, **norm_kw(name, T_SYN, S_SYN))
-            st = beyond.row_stats(w)
-            env = beyond.lemma1_envelope(name, A_SYN, length, T=T_SYN, s=S_SYN)
+            st = lenses.row_stats(w)
+            env = lenses.lemma1_envelope(name, A_SYN, length, T=T_SYN, s=S_SYN)
             env_violations += int(((st["max"] > env.upper * (1 + REL_TOL)) | (st["min"] < env.lower * (1 - REL_TOL))).sum())
             if family == "planted" and name in PLANTED:
-                bound = beyond.planted_weight_bound(name, GAP, length, T=T_SYN, s=S_SYN)
+                bound = lenses.planted_weight_bound(name, GAP, length, T=T_SYN, s=S_SYN)
                 planted_violations += int((w[:, 0] < bound * (1 - REL_TOL)).sum())
             lem_rows.append({"normalizer": LABEL[name], "name": name, "family": family, "L": length,
                              "max weight": float(st["max"].median()), "L x max weight": float((length * st["max"]).median()),
@@ -311,7 +315,7 @@ glue("vanishers", ", ".join(LABEL[n] for n in NAMES if not escapes[n]) or "none"
 glue("escape_match", "agrees with the two propositions for every normalizer" if escape_match else
      "disagrees with the propositions for " + ", ".join(LABEL[n] for n in NAMES if escapes[n] == VANISH_THEORY[n]),
      display=False)
-for n in beyond.JACOBIAN_NAMES:  # every name, so that the prose resolves whichever normalizers were chosen
+for n in lenses.JACOBIAN_NAMES:  # every name, so that the prose resolves whichever normalizers were chosen
     glue(f"planted_{n}", fmt(planted_hi[n]) if n in NAMES else "n/a (not measured)", display=False)
     glue(f"typical_{n}", fmt(typical_hi.loc[n, "max weight"]) if n in NAMES else "n/a (not measured)", display=False)
 glue("keep_ratio", f"{KEEP_RATIO:g}", display=False)
@@ -348,7 +352,7 @@ for ax, family in zip(axes, ("typical", "planted")):
            title={"typical": f"typical rows: logits uniform on [-{A_SYN:g}, {A_SYN:g}]",
                   "planted": f"planted key: gap >= {GAP:g} above every other logit"}[family])
 axes[1].legend(fontsize="x-small", loc="lower left")
-plotting.model_title(fig, f"Lemma 1 lens on synthetic rows (T = {T_SYN:g}, SSMax s = {S_SYN:g}, {n_trials} rows per "
+figures.model_title(fig, f"Lemma 1 lens on synthetic rows (T = {T_SYN:g}, SSMax s = {S_SYN:g}, {n_trials} rows per "
                           f"point, seed {seed})", "synthetic data, no model")
 plt.show()
 
@@ -430,7 +434,7 @@ for length in lengths:
     for name in GEOMETRIC:
         w = normalize(logit_sets[..., :length], name, **norm_kw(name, T_SYN, S_SYN))
         support = (w > 0).sum(-1)
-        result = beyond.geometry(w, x_sets[:, :length], grid, sphere=x_sets[:, :length])
+        result = lenses.geometry(w, x_sets[:, :length], grid, sphere=x_sets[:, :length])
         for n_top, g in result.items():
             # Prop. ch6-prop-count with R = 1 (unit vectors): |d - (L - N) ||s||| <= weight outside the top-N set
             s_norm = (torch.where(g.selected, w, 0.0) @ x_sets[:, :length]).norm(dim=-1)
@@ -465,7 +469,7 @@ axes[2].set(xlabel="top-N size $N$", ylabel="mean $N_s/N$", ylim=(0, 1.05),
             title=f"separability against N (L = {L_hi})")
 n_axis(axes[2], at_Lhi.N)
 axes[2].legend(fontsize="x-small")
-plotting.model_title(fig, f"Theorem 1 and 2 lenses on synthetic rows (unit sphere in R^{D_SYN}, logits uniform on "
+figures.model_title(fig, f"Theorem 1 and 2 lenses on synthetic rows (unit sphere in R^{D_SYN}, logits uniform on "
                           f"[-{A_SYN:g}, {A_SYN:g}], T = {T_SYN:g}, seed {seed})", "synthetic data, no model")
 plt.show()
 
@@ -511,7 +515,7 @@ _ = record(Claim(key="ch6-distance-count", chapter=CHAPTER,
 #
 # The paper's Corollary 3 concerns softmax; {doc}`ch4_gradient` corrected it to
 # $\|J\|_2\le1/(2T)$. Here are the Jacobians of all the rules, in closed form
-# (`beyond.jacobian`; `beyond.jvp` computes $Jv$ without forming $J$).
+# (`lenses.jacobian`; `lenses.jvp` computes $Jv$ without forming $J$).
 #
 # ```{prf:proposition} Jacobians of the normalizers (ours)
 # :label: ch6-prop-jacobians
@@ -558,7 +562,7 @@ _ = record(Claim(key="ch6-distance-count", chapter=CHAPTER,
 # ```
 #
 # The proof of the normalized self-adjust Jacobian (product rule through the minimum and maximum)
-# is in `beyond.jacobian`; the tests compare every closed form with automatic differentiation
+# is in `lenses.jacobian`; the tests compare every closed form with automatic differentiation
 # (`torch.autograd`) to $10^{-10}$ and check the norm bounds on random and tied rows. Here we check
 # the closed forms once more and then measure, on `n_trials` typical rows of {glue:text}`LG` keys, the
 # exact spectral norm $\|J\|_2$ at each temperature of `Ts`. "Keeps a usable gradient as $T$ falls"
@@ -571,7 +575,7 @@ glue("LG", L_G, display=False)
 check_rows = synthetic_rows("typical", 3, L_G)
 ad_error = 0.0
 for name in NAMES:
-    J = beyond.jacobian(check_rows, name, **norm_kw(name, 0.5, S_SYN))
+    J = lenses.jacobian(check_rows, name, **norm_kw(name, 0.5, S_SYN))
     for r in range(len(check_rows)):
         auto = torch.autograd.functional.jacobian(
             lambda row: normalize(row.unsqueeze(0), name, **norm_kw(name, 0.5, S_SYN))[0], check_rows[r])
@@ -580,7 +584,7 @@ grad_rows = synthetic_rows("typical", n_trials, L_G)
 grad_syn, bound_violations = [], 0
 for name in NAMES:
     for T in Ts:
-        norm = torch.linalg.matrix_norm(beyond.jacobian(grad_rows, name, **norm_kw(name, T, S_SYN)), ord=2)
+        norm = torch.linalg.matrix_norm(lenses.jacobian(grad_rows, name, **norm_kw(name, T, S_SYN)), ord=2)
         if name in ("softmax", "softmax1"):
             bound_violations += int((norm > (1 + REL_TOL) / (2 * T)).sum())
         elif name == "ssmax":
@@ -615,7 +619,7 @@ axes[0].legend(fontsize="x-small")
 lines(grad_syn, "T", "share of zero Jacobians", axes[1])
 axes[1].set(xscale="log", xlabel="temperature $T$", ylabel="share of rows with $J = 0$", ylim=(-0.02, 1.02))
 axes[1].legend(fontsize="x-small")
-plotting.model_title(fig, f"Gradient lens on synthetic rows ({L_G} keys, logits uniform on [-{A_SYN:g}, {A_SYN:g}], "
+figures.model_title(fig, f"Gradient lens on synthetic rows ({L_G} keys, logits uniform on [-{A_SYN:g}, {A_SYN:g}], "
                           f"{n_trials} rows, SSMax s = {S_SYN:g}, seed {seed})", "synthetic data, no model")
 plt.show()
 
@@ -674,7 +678,7 @@ _ = record(Claim(key="ch6-jacobians", chapter=CHAPTER,
 # %%
 session = Session.open(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed)
 arch = session.provenance.architecture
-long_run = beyond.resolve_long_lengths(long_lengths, L, arch["context_length"])  # ValueError names long_lengths
+long_run = lenses.resolve_long_lengths(long_lengths, L, arch["context_length"])  # ValueError names long_lengths
 L_run = max([L, *long_run])
 ids_L = session.input_ids.clone()
 if L_run > L:  # the longer window at the same offset; its first L tokens are the L-token window
@@ -682,12 +686,12 @@ if L_run > L:  # the longer window at the same offset; its first L tokens are th
     session.provenance.add_corpus(session.corpus, L=L_run, offset=offset)
 same_prefix = bool(torch.equal(session.input_ids[:L], ids_L))
 S_MODEL = 1.0 / math.log(L)  # SSMax parameter on the model: equals the model's softmax at row length L
-samples = {Lp: experiments.sample_rows(Lp, rows_per_octave) for Lp in [L, *long_run]}
+samples = {Lp: algorithms.sample_rows(Lp, rows_per_octave) for Lp in [L, *long_run]}
 main_rows = samples[L][0]
 extra_rows = np.setdiff1d(np.concatenate([samples[Lp][0] for Lp in long_run]), main_rows) if long_run else np.array([], int)
-groups = {"main": experiments.octave_blocks(main_rows)}
+groups = {"main": algorithms.octave_blocks(main_rows)}
 if len(extra_rows):
-    groups["extra"] = experiments.octave_blocks(extra_rows)
+    groups["extra"] = algorithms.octave_blocks(extra_rows)
 row_sets = {"main": main_rows, "extra": extra_rows}
 stored = {g: [[] for _ in blocks] for g, blocks in groups.items()}
 values, check = [], {"err": 0.0}
@@ -750,10 +754,10 @@ for g, blocks in blocks_data.items():
     for rows_b, K, lg, mask_b in blocks:
         for name in NAMES:
             w = normalize(lg, name, mask=mask_b, **norm_kw(name, 1.0, S_MODEL))
-            st = beyond.row_stats(w, mask_b)
-            nosink = beyond.row_stats(w[..., 1:], mask_b[:, 1:])["max"] if K > 1 else torch.full_like(st["max"], torch.nan)
+            st = lenses.row_stats(w, mask_b)
+            nosink = lenses.row_stats(w[..., 1:], mask_b[:, 1:])["max"] if K > 1 else torch.full_like(st["max"], torch.nan)
             zeros = 1 - st["support"].double() / st["length"].double()
-            if beyond.weight_kind(name) == "distribution":
+            if lenses.weight_kind(name) == "distribution":
                 ent = -torch.special.xlogy(w, w).sum(-1)
             else:
                 ent = torch.full_like(st["max"], torch.nan)
@@ -814,16 +818,16 @@ for ax, column in zip(axes, ("max", "max, token 0 excluded")):
            ylabel="median over heads of $\\max_i|\\alpha_i|$",
            title="largest weight" if column == "max" else "largest weight, first token excluded")
 axes[0].legend(fontsize="x-small", loc="lower left")
-plotting.model_title(fig, f"Lemma 1 lens on the model's re-normalized logits ({corpus}, window {L_run} tokens, "
+figures.model_title(fig, f"Lemma 1 lens on the model's re-normalized logits ({corpus}, window {L_run} tokens, "
                           f"{rows_per_octave} rows per octave, SSMax s = 1/log {L})", session.name)
 plt.show()
 
 # %%
-for n in beyond.JACOBIAN_NAMES:
+for n in lenses.JACOBIAN_NAMES:
     glue(f"mslope_{n}", f"{slope_model[n]:.2f}" if n in NAMES else "n/a (not measured)", display=False)
 glue("m_zeros_sparse", ", ".join(f"{LABEL[n]} {100 * zeros_main[n]:.0f}%" for n in NAMES if n in ("sparsemax", "entmax15"))
      or "no sparse normalizer in this run", display=False)
-glue("m_entropy", ", ".join(f"{LABEL[n]} {entropy_main[n]:.2f}" for n in NAMES if beyond.weight_kind(n) == "distribution"),
+glue("m_entropy", ", ".join(f"{LABEL[n]} {entropy_main[n]:.2f}" for n in NAMES if lenses.weight_kind(n) == "distribution"),
      display=False)
 glue("T_FIT", T_FIT, display=False)
 if "softmax" in NAMES and abs(slope_model["softmax"]) <= 0.2:
@@ -850,9 +854,9 @@ else:
 # The vectors are the per-head value vectors (projected onto the unit sphere for the separability,
 # as in {doc}`ch3_separability`). For every normalizer but the signed self-adjust softmax we compute,
 # on every sampled row, $\tilde d$ and $N_s/N$ for $N$ = `N` and every $N$ of `Ns`, with
-# `beyond.geometry`, and average per head over the rows $t\le L$ (rows that see at most $N$ keys are
+# `lenses.geometry`, and average per head over the rows $t\le L$ (rows that see at most $N$ keys are
 # skipped). Before that, the fast path is checked against the library route through
-# `attn_utils.metrics` on one layer.
+# `attn_utils.mathematics.metrics` on one layer.
 
 # %%
 v_main = v_all[:, :, :max(K for _, K, _, _ in blocks_data["main"])].to(F64)
@@ -865,7 +869,7 @@ for rows_b, K, lg, mask_b in blocks_data["main"]:
         continue
     for name in GEOMETRIC:
         w = normalize(lg, name, mask=mask_b, **norm_kw(name, 1.0, S_MODEL))
-        result = beyond.geometry(w, v_main[:, :, :K], grid_b, mask_b, sphere=sphere_main[:, :, :K])
+        result = lenses.geometry(w, v_main[:, :, :K], grid_b, mask_b, sphere=sphere_main[:, :, :K])
         support = (w > 0).sum(-1).flatten().numpy()
         for n_top, g in result.items():
             n_rows = len(rows_b)
@@ -881,13 +885,13 @@ for rows_b, K, lg, mask_b in blocks_data["main"]:
             if name == "softmax" and n_top in coverage_inputs:
                 coverage_inputs[n_top].append((g.selected, g.separated, g.valid))
 model_geo = pd.concat(geo_frames, ignore_index=True)
-# the fast path against the library route (attn_utils.metrics through beyond.lens_*) on layer 0, largest block
+# the fast path against the library route (attn_utils.mathematics.metrics through beyond.lens_*) on layer 0, largest block
 rows_b, K, lg, mask_b = blocks_data["main"][-1]
 n_chk = min(N, K - 1)
 w0 = normalize(lg[:1], "softmax1", mask=mask_b)
-fast = beyond.geometry(w0, v_main[:1, :, :K], n_chk, mask_b)
-route_err = max(float(np.nanmax(np.abs((fast.distance - beyond.lens_distance(w0, v_main[:1, :, :K], n_chk, mask_b)).numpy()))),
-                float(np.nanmax(np.abs((fast.separability - beyond.lens_separability(w0, v_main[:1, :, :K], n_chk, mask_b)).numpy()))))
+fast = lenses.geometry(w0, v_main[:1, :, :K], n_chk, mask_b)
+route_err = max(float(np.nanmax(np.abs((fast.distance - lenses.lens_distance(w0, v_main[:1, :, :K], n_chk, mask_b)).numpy()))),
+                float(np.nanmax(np.abs((fast.separability - lenses.lens_separability(w0, v_main[:1, :, :K], n_chk, mask_b)).numpy()))))
 geo_heads = {}
 for column in ("distance", "separability"):
     parts = [head_means(model_geo[model_geo.N == n_top], column, L).assign(N=n_top) for n_top in GRID]
@@ -918,7 +922,7 @@ axes[1].set(xlabel="top-N size $N$", ylabel="median over heads of mean $N_s/N$",
             title="separability against N (grey: the paper's 0.70-0.85)")
 n_axis(axes[1], geo_summary.N)
 axes[1].legend(fontsize="x-small")
-plotting.model_title(fig, f"Theorem 1 and 2 lenses on the model's re-normalized logits ({corpus}, L = {L}, value "
+figures.model_title(fig, f"Theorem 1 and 2 lenses on the model's re-normalized logits ({corpus}, L = {L}, value "
                           f"vectors, {rows_per_octave} rows per octave)", session.name)
 plt.show()
 
@@ -966,7 +970,7 @@ grad_frames = []
 for name in NAMES:
     for T in Ts:
         for (rows_b, K, lg, mask_b), d_b in zip(blocks_data["main"], directions):
-            jv = beyond.jvp(lg, d_b, name, mask=mask_b, **norm_kw(name, T, S_MODEL)).norm(dim=-1)
+            jv = lenses.jvp(lg, d_b, name, mask=mask_b, **norm_kw(name, T, S_MODEL)).norm(dim=-1)
             n_rows = len(rows_b)
             grad_frames.append(pd.DataFrame({
                 "name": name, "T": T, "layer": np.repeat(np.arange(n_layers), n_heads * n_rows),
@@ -990,7 +994,7 @@ for ax, stat in zip(axes, ("max", "median")):
     ax.set(xscale="log", yscale="log", xlabel="temperature T (multiple of the model's own)",
            ylabel=f"{stat} over heads of mean $\\|Jv\\|$", title=f"{stat} over heads")
 axes[1].legend(fontsize="x-small")
-plotting.model_title(fig, f"Gradient lens on the model's logits (directional derivative, rows t <= {L}, "
+figures.model_title(fig, f"Gradient lens on the model's logits (directional derivative, rows t <= {L}, "
                           f"{rows_per_octave} rows per octave, seed {seed})", session.name)
 plt.show()
 
@@ -1013,7 +1017,7 @@ def yes_no(flag: bool) -> str:
 
 summary = pd.DataFrame({
     LABEL[n]: {
-        "rows are": beyond.weight_kind(n),
+        "rows are": lenses.weight_kind(n),
         "forced to vanish (Lemma 1 or Prop.)": yes_no(VANISH_THEORY[n]),
         f"planted key, weight at L={L_lo} -> {L_hi} (synthetic)": f"{planted_lo[n]:.3g} -> {planted_hi[n]:.3g}",
         "escapes Lemma 1 (measured)": yes_no(escapes[n]),
@@ -1138,7 +1142,7 @@ if long_run and "extra" in blocks_data:
     for rows_b, K, lg, mask_b in blocks_data["extra"]:
         grid_b = [n for n in GRID if n < K]
         w = normalize(lg, "softmax", mask=mask_b)
-        result = beyond.geometry(w, v_long[:, :, :K], grid_b, mask_b, sphere=sphere_long[:, :, :K])
+        result = lenses.geometry(w, v_long[:, :, :K], grid_b, mask_b, sphere=sphere_long[:, :, :K])
         for n_top, g in result.items():
             n_rows = len(rows_b)
             soft_geo.append(pd.DataFrame({
@@ -1186,7 +1190,7 @@ if len(long_curves):
     axes[1].set(xlabel="top-N size $N$", ylabel="median over heads of mean $N_s/N$", ylim=(0, 1.05),
                 title="separability against N (paper's Fig. 3; grey: its 0.70-0.85)")
     n_axis(axes[1], sep_long.N)
-    plotting.model_title(fig, f"The paper's curves up to {L_run} tokens ({corpus}, model's own softmax, value vectors, "
+    figures.model_title(fig, f"The paper's curves up to {L_run} tokens ({corpus}, model's own softmax, value vectors, "
                               f"{rows_per_octave} rows per octave)", session.name)
     plt.show()
 
@@ -1288,10 +1292,10 @@ _ = record(Claim(key="ch6-long-separability", chapter=CHAPTER,
 # $N_s/N$ of the heads, and (b) the expectation of {prf:ref}`ch6-prop-coverage`, which accounts for
 # the different top-$N$ sets. The null hypothesis "the separated sets are independent given what
 # each head selects" is tested by `n_samples` permutations that shuffle each head's separated
-# indicator within its own top-$N$ set (`beyond.coverage`), with the total number of covered keys
+# indicator within its own top-$N$ set (`lenses.coverage`), with the total number of covered keys
 # over all layers and rows as the statistic; its exact null mean is (b). As a second look, for every
 # pair of heads of a layer we take the keys both select and compute the phi coefficient of "head $h$
-# separates" against "head $h'$ separates" (`beyond.head_association`).
+# separates" against "head $h'$ separates" (`lenses.head_association`).
 
 # %%
 perm_gen = torch.Generator().manual_seed(seed + 2)
@@ -1309,7 +1313,7 @@ for n_top in Ns:
     exp_layer = torch.zeros(n_layers, dtype=F64)
     counts = None
     for sel, sep, ok in blocks_n:
-        res = beyond.coverage(sel, sep, ok, n_top, n_perm=n_samples, generator=perm_gen)
+        res = lenses.coverage(sel, sep, ok, n_top, n_perm=n_samples, generator=perm_gen)
         v = res.valid
         total["covered"] += float(res.covered[v].sum())
         total["union"] += float(res.union[v].sum())
@@ -1321,7 +1325,7 @@ for n_top in Ns:
         null_layer += res.null
         obs_layer += torch.where(v, res.covered, 0).sum(-1).double()
         exp_layer += torch.where(v, res.expected, 0.0).sum(-1)
-        assoc = beyond.head_association(sel, sep, ok)
+        assoc = lenses.head_association(sel, sep, ok)
         block_counts = {k: assoc[k] for k in ("n11", "n10", "n01", "n00")}
         counts = block_counts if counts is None else {k: counts[k] + block_counts[k] for k in counts}
     if total["rows"] == 0:
@@ -1332,7 +1336,7 @@ for n_top in Ns:
         if n_samples else float("nan")
     per_layer_p = ((null_layer - exp_layer).abs() >= (obs_layer - exp_layer).abs() - 1e-9).double().mean(0)
     layer_rejects[n_top] = int((per_layer_p < 0.01).sum()) if n_samples else 0
-    assoc = beyond.association_from_counts(**counts)
+    assoc = lenses.association_from_counts(**counts)
     iu = np.triu_indices(n_heads, 1)
     phi = assoc["phi"].numpy()[:, iu[0], iu[1]]
     pv = assoc["pvalue"].numpy()[:, iu[0], iu[1]]
@@ -1366,7 +1370,7 @@ if len(coverage_table):
     axes[1].axhline(0, color="black", lw=0.8)
     axes[1].set(ylabel="phi coefficient of a pair of heads", title="pairs of heads: separated or not, on keys both select")
     axes[1].legend(fontsize="x-small")
-    plotting.model_title(fig, f"Multi-head coverage and independence ({corpus}, L = {L}, {n_layers} layers x {n_heads} "
+    figures.model_title(fig, f"Multi-head coverage and independence ({corpus}, L = {L}, {n_layers} layers x {n_heads} "
                               f"heads, {n_samples} permutations, seed {seed})", session.name)
     plt.show()
 
@@ -1510,10 +1514,10 @@ session.provenance_table()
 # :label: ch6-ex2
 #
 # Write a function `sparsemax_jacobian(row, T)` that takes one row of logits (a float64 tensor of
-# shape `(L,)`) and returns the $L\times L$ Jacobian of `attn_utils.normalizers.sparsemax` at $T$
+# shape `(L,)`) and returns the $L\times L$ Jacobian of `attn_utils.mathematics.normalizers.sparsemax` at $T$
 # from the formula $J=(\operatorname{diag}(\mathbf 1_S)-\mathbf 1_S\mathbf 1_S^\top/|S|)/T$ of
 # {prf:ref}`ch6-prop-jacobians`, with $S$ the support of the weights. Compare it with automatic
-# differentiation (`torch.autograd.functional.jacobian`) and with `attn_utils.beyond.jacobian` on 50
+# differentiation (`torch.autograd.functional.jacobian`) and with `attn_utils.mathematics.lenses.jacobian` on 50
 # random rows of 12 logits, and check that its spectral norm is $1/T$ exactly when the support has at
 # least two keys.
 # ```
@@ -1525,7 +1529,7 @@ session.provenance_table()
 # %% tags=["solution"]
 def sparsemax_jacobian(row: torch.Tensor, T: float) -> torch.Tensor:
     """d sparsemax(row / T) / d row from the support S: (diag(1_S) - 1_S 1_S^T / |S|) / T."""
-    from attn_utils.normalizers import sparsemax
+    from attn_utils.mathematics.normalizers import sparsemax
 
     on = (sparsemax(row.unsqueeze(0), T=T)[0] > 0).to(torch.float64)
     return (torch.diag(on) - torch.outer(on, on) / on.sum()) / T
@@ -1537,17 +1541,17 @@ for trial in range(50):
     T_ex = float(torch.empty(1).uniform_(0.1, 3.0, generator=ex_gen))
     mine = sparsemax_jacobian(row, T_ex)
     auto = torch.autograd.functional.jacobian(lambda r: normalize(r.unsqueeze(0), "sparsemax", T=T_ex)[0], row)
-    assert torch.allclose(mine, auto, atol=1e-12) and torch.allclose(mine, beyond.jacobian(row.unsqueeze(0), "sparsemax", T=T_ex)[0], atol=1e-12)
+    assert torch.allclose(mine, auto, atol=1e-12) and torch.allclose(mine, lenses.jacobian(row.unsqueeze(0), "sparsemax", T=T_ex)[0], atol=1e-12)
     support = int((normalize(row.unsqueeze(0), "sparsemax", T=T_ex) > 0).sum())
     expected = 1 / T_ex if support >= 2 else 0.0
     assert abs(float(torch.linalg.matrix_norm(mine, ord=2)) - expected) < 1e-9
-print("sparsemax_jacobian agrees with autograd and beyond.jacobian on 50 rows; ||J|| = 1/T iff |S| >= 2")
+print("sparsemax_jacobian agrees with autograd and lenses.jacobian on 50 rows; ||J|| = 1/T iff |S| >= 2")
 
 # %% [markdown]
 # ```{solution-end}
 # ```
 
 # %% tags=["exercise-check"]
-from attn_utils import classroom
+from attn_utils.classroom import exercises
 
-classroom.check("ch6-ex2", sparsemax_jacobian)
+exercises.check("ch6-ex2", sparsemax_jacobian)

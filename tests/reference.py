@@ -1,6 +1,6 @@
 """Slow, obvious reference implementations: one row at a time, plain Python and numpy loops.
 
-They define what ``attn_utils.metrics`` and ``attn_utils.experiments`` must compute; the tests compare
+They define what ``attn_utils.mathematics.metrics`` and ``attn_utils.mathematics.algorithms`` must compute; the tests compare
 the vectorised code against them. Arrays are numpy float64; a row is a 1-D array of L weights, ``vis``
 its boolean visibility, ``x`` the (L, d) vectors of its head.
 """

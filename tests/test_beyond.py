@@ -1,4 +1,4 @@
-"""Tests of attn_utils.beyond: loop references, autograd oracles, the chapter's propositions, bad input."""
+"""Tests of attn_utils.mathematics.lenses: loop references, autograd oracles, the chapter's propositions, bad input."""
 from __future__ import annotations
 
 import itertools
@@ -12,12 +12,12 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from scipy.stats import chi2_contingency
 
-from attn_utils import beyond, metrics, normalizers
+from attn_utils.mathematics import lenses, metrics, normalizers
 
 F64 = torch.float64
 MANY = settings(max_examples=1000, deadline=None)
 SOME = settings(max_examples=200, deadline=None)
-NAMES = beyond.JACOBIAN_NAMES
+NAMES = lenses.JACOBIAN_NAMES
 
 
 def kwargs(name, T=1.0, s=1.0):
@@ -89,7 +89,7 @@ def ref_coverage_row(sel_sets, sep_sets, N):
 def test_row_stats_matches_loop(name):
     logits, mask = random_rows(1)
     w = normalizers.normalize(logits, name, mask=mask)
-    got = beyond.row_stats(w, mask)
+    got = lenses.row_stats(w, mask)
     for r in range(w.shape[0]):
         expected = ref_row_stats(w[r].numpy(), mask[r].numpy())
         for key, value in expected.items():
@@ -99,7 +99,7 @@ def test_row_stats_matches_loop(name):
 def test_row_stats_row_without_keys_is_nan():
     w = torch.tensor([[0.5, 0.5], [0.0, 0.0]], dtype=F64)
     mask = torch.tensor([[True, True], [False, False]])
-    got = beyond.row_stats(w, mask)
+    got = lenses.row_stats(w, mask)
     assert math.isnan(got["max"][1]) and math.isnan(got["min"][1]) and got["length"][1] == 0
 
 
@@ -129,7 +129,7 @@ def test_lemma1_envelope_holds(case, name):
     """Propositions 1-2 of the chapter: every weight magnitude lies in the envelope of its normalizer."""
     l, a, T, s = case
     w = normalizers.normalize(l.unsqueeze(0), name, **kwargs(name, T, s))[0].abs()
-    env = beyond.lemma1_envelope(name, a, len(l), T=T, s=s)
+    env = lenses.lemma1_envelope(name, a, len(l), T=T, s=s)
     assert float(w.max()) <= env.upper * (1 + 1e-9) + 1e-300
     assert float(w.min()) >= env.lower * (1 - 1e-9)
 
@@ -137,14 +137,14 @@ def test_lemma1_envelope_holds(case, name):
 @pytest.mark.parametrize("name", ["softmax", "softmax1", "self_adjust", "self_adjust_normalized"])
 def test_length_independent_normalizers_vanish(name):
     """Their envelope upper bound is O(1/L): L * upper stays bounded."""
-    uppers = [L * beyond.lemma1_envelope(name, 1.0, L).upper for L in (10**3, 10**5, 10**7)]
+    uppers = [L * lenses.lemma1_envelope(name, 1.0, L).upper for L in (10**3, 10**5, 10**7)]
     assert max(uppers) <= math.e ** 2 * 1.0001 and uppers[-1] >= 0.5 * uppers[0]
 
 
 def test_envelope_escapes():
-    assert beyond.lemma1_envelope("ssmax", 1.0, 10**6, T=1.0, s=1.0).upper == 1.0  # 2sa/T = 2 >= 1
-    assert beyond.lemma1_envelope("ssmax", 0.1, 10**6, T=1.0, s=1.0).upper < 1e-3  # 2sa/T < 1: still decays
-    assert beyond.lemma1_envelope("sparsemax", 1.0, 10**6) == beyond.Envelope(0.0, 1.0)
+    assert lenses.lemma1_envelope("ssmax", 1.0, 10**6, T=1.0, s=1.0).upper == 1.0  # 2sa/T = 2 >= 1
+    assert lenses.lemma1_envelope("ssmax", 0.1, 10**6, T=1.0, s=1.0).upper < 1e-3  # 2sa/T < 1: still decays
+    assert lenses.lemma1_envelope("sparsemax", 1.0, 10**6) == lenses.Envelope(0.0, 1.0)
 
 
 @MANY
@@ -155,16 +155,16 @@ def test_planted_weight_bound_holds(name, L, gap, T, s, seed):
     l = -gap - 2 * torch.rand(L, generator=g, dtype=F64)  # every other logit at least `gap` below the planted one
     l[0] = 0.0
     w = normalizers.normalize(l.unsqueeze(0), name, **kwargs(name, T, s))[0]
-    assert float(w[0]) >= beyond.planted_weight_bound(name, gap, L, T=T, s=s) * (1 - 1e-9)
+    assert float(w[0]) >= lenses.planted_weight_bound(name, gap, L, T=T, s=s) * (1 - 1e-9)
 
 
 def test_planted_weight_bound_limits():
-    assert beyond.planted_weight_bound("softmax", 2.0, 10**6) < 1e-4
-    assert beyond.planted_weight_bound("ssmax", 2.0, 10**6) > 0.999   # s gap / T = 2 > 1
-    assert beyond.planted_weight_bound("ssmax", 0.5, 10**6) < 0.01    # s gap / T < 1
-    assert beyond.planted_weight_bound("sparsemax", 1.0, 10**6) == 1.0
-    assert beyond.planted_weight_bound("entmax15", 1.99, 10**6) == 1e-6
-    assert beyond.planted_weight_bound("entmax15", 2.0, 10**6) == 1.0
+    assert lenses.planted_weight_bound("softmax", 2.0, 10**6) < 1e-4
+    assert lenses.planted_weight_bound("ssmax", 2.0, 10**6) > 0.999   # s gap / T = 2 > 1
+    assert lenses.planted_weight_bound("ssmax", 0.5, 10**6) < 0.01    # s gap / T < 1
+    assert lenses.planted_weight_bound("sparsemax", 1.0, 10**6) == 1.0
+    assert lenses.planted_weight_bound("entmax15", 1.99, 10**6) == 1e-6
+    assert lenses.planted_weight_bound("entmax15", 2.0, 10**6) == 1.0
 
 
 # --- Theorem 1 and 2 lenses for rows that are not distributions -------------------------------------------
@@ -175,8 +175,8 @@ def test_planted_weight_bound_limits():
 def test_lens_distance_and_separability_match_loop(name, N):
     """d-tilde and N_s / N computed directly on the (not rescaled) weights, one row at a time."""
     w, x, mask = causal_heads(2, name=name)
-    dist = beyond.lens_distance(w, x, N, mask)
-    sep = beyond.lens_separability(w, x, N, mask, M=2.0)
+    dist = lenses.lens_distance(w, x, N, mask)
+    sep = lenses.lens_separability(w, x, N, mask, M=2.0)
     for index in np.ndindex(*w.shape[:-1]):
         row, vis, xs = w[index].numpy(), mask[index[-1]].numpy(), x[index[:-1]].numpy()
         if vis.sum() <= N or row.sum() == 0:
@@ -190,13 +190,13 @@ def test_lens_distance_and_separability_match_loop(name, N):
 @pytest.mark.parametrize("name", ["softmax", "sparsemax", "entmax15", "ssmax", "softmax1", "self_adjust_normalized"])
 @pytest.mark.parametrize("N", [1, 4])
 def test_geometry_fast_path_matches_library_route(name, N):
-    """geometry() (one pass) against lens_distance / lens_separability (through attn_utils.metrics)."""
+    """geometry() (one pass) against lens_distance / lens_separability (through attn_utils.mathematics.metrics)."""
     w, x, mask = causal_heads(11, name=name, L=24)
-    g = beyond.geometry(w, x, N, mask, M=0.5)
-    close(g.distance, beyond.lens_distance(w, x, N, mask))
-    close(g.separability, beyond.lens_separability(w, x, N, mask, M=0.5))
+    g = lenses.geometry(w, x, N, mask, M=0.5)
+    close(g.distance, lenses.lens_distance(w, x, N, mask))
+    close(g.separability, lenses.lens_separability(w, x, N, mask, M=0.5))
     sphere = metrics.project_to_sphere(x, 0.5)
-    again = beyond.geometry(w, x, N, mask, sphere=sphere)
+    again = lenses.geometry(w, x, N, mask, sphere=sphere)
     close(again.separability, g.separability)
     assert (again.separated == g.separated).all() and (g.separated <= g.selected).all()
 
@@ -204,7 +204,7 @@ def test_geometry_fast_path_matches_library_route(name, N):
 def test_geometry_refuses_signed_weights():
     logits, _ = random_rows(12)
     with pytest.raises(ValueError, match="signed weights"):
-        beyond.geometry(normalizers.self_adjust(logits), torch.randn(9, 3, dtype=F64), 2)
+        lenses.geometry(normalizers.self_adjust(logits), torch.randn(9, 3, dtype=F64), 2)
 
 
 @MANY
@@ -215,9 +215,9 @@ def test_homogeneity(seed, c, N):
     L = 8
     w = torch.softmax(2 * torch.randn(3, L, generator=g, dtype=F64), -1)
     x = torch.randn(L, 4, generator=g, dtype=F64)
-    d1, d2 = beyond.lens_distance(w, x, N), beyond.lens_distance(c * w, x, N)
+    d1, d2 = lenses.lens_distance(w, x, N), lenses.lens_distance(c * w, x, N)
     close(d2, c * d1, rtol=1e-9)
-    close(beyond.lens_separability(c * w, x, N), beyond.lens_separability(w, x, N))
+    close(lenses.lens_separability(c * w, x, N), lenses.lens_separability(w, x, N))
 
 
 def test_softmax1_geometry_is_softmax_scaled_by_mass():
@@ -225,22 +225,22 @@ def test_softmax1_geometry_is_softmax_scaled_by_mass():
     g = torch.Generator().manual_seed(3)
     logits = 2 * torch.randn(w.shape, generator=g, dtype=F64)
     soft, one = normalizers.softmax(logits, mask=mask), normalizers.softmax1(logits, mask=mask)
-    _, mass = beyond.geometry_weights(one)
-    close(beyond.lens_distance(one, x, 4, mask), mass * beyond.lens_distance(soft, x, 4, mask), rtol=1e-9)
-    close(beyond.lens_separability(one, x, 4, mask), beyond.lens_separability(soft, x, 4, mask))
+    _, mass = lenses.geometry_weights(one)
+    close(lenses.lens_distance(one, x, 4, mask), mass * lenses.lens_distance(soft, x, 4, mask), rtol=1e-9)
+    close(lenses.lens_separability(one, x, 4, mask), lenses.lens_separability(soft, x, 4, mask))
 
 
 def test_geometry_weights_zero_rows_and_signed_rows():
     w = torch.tensor([[0.2, 0.2, 0.0], [0.0, 0.0, 0.0]], dtype=F64)
-    normed, mass = beyond.geometry_weights(w)
+    normed, mass = lenses.geometry_weights(w)
     close(normed[0], [0.5, 0.5, 0.0])
     close(mass, [0.4, 0.0])
     assert (normed[1] == 0).all()
     x = torch.randn(3, 2, dtype=F64)
-    assert math.isnan(beyond.lens_distance(w, x, 1)[1]) and math.isnan(beyond.lens_separability(w, x, 1)[1])
+    assert math.isnan(lenses.lens_distance(w, x, 1)[1]) and math.isnan(lenses.lens_separability(w, x, 1)[1])
     signed = normalizers.self_adjust(torch.tensor([[-1.0, 0.5, 2.0]], dtype=F64))
     with pytest.raises(ValueError, match="signed weights"):
-        beyond.geometry_weights(signed)
+        lenses.geometry_weights(signed)
 
 
 # --- gradients -------------------------------------------------------------------------------------------
@@ -261,7 +261,7 @@ def autograd_jacobian(logits, name, mask, T, s):
 def test_jacobian_matches_autograd(name, seed):
     logits, mask = random_rows(seed, scale=[0.5, 2.0, 6.0][seed])
     T, s = [0.3, 1.0, 4.0][seed], 1.7
-    J = beyond.jacobian(logits, name, mask=mask, T=T, s=s)
+    J = lenses.jacobian(logits, name, mask=mask, T=T, s=s)
     close(J, autograd_jacobian(logits, name, mask, T, s), rtol=1e-10, atol=1e-12)
     assert (J[~mask.unsqueeze(-1).expand_as(J)] == 0).all() and (J[~mask.unsqueeze(-2).expand_as(J)] == 0).all()
 
@@ -271,8 +271,8 @@ def test_jvp_is_jacobian_times_v_and_matches_finite_differences(name):
     logits, mask = random_rows(4, shape=(6, 11))
     g = torch.Generator().manual_seed(4)
     v = torch.randn(logits.shape, generator=g, dtype=F64)
-    got = beyond.jvp(logits, v, name, mask=mask, T=0.8, s=1.3)
-    J = beyond.jacobian(logits, name, mask=mask, T=0.8, s=1.3)
+    got = lenses.jvp(logits, v, name, mask=mask, T=0.8, s=1.3)
+    J = lenses.jacobian(logits, name, mask=mask, T=0.8, s=1.3)
     close(got, (J @ torch.where(mask, v, 0.0).unsqueeze(-1)).squeeze(-1))
     h = 1e-6
     fd = (normalizers.normalize(logits + h * v, name, mask=mask, **kwargs(name, 0.8, 1.3))
@@ -295,24 +295,24 @@ def test_jacobian_norm_bounds(L, T, scale, s, seed, tie):
         l[0, 1] = l[0, 0] = l.max()
     tol = 1 + 1e-9
     for name in ("softmax", "softmax1"):
-        assert float(spectral(beyond.jacobian(l, name, T=T))) <= tol / (2 * T)
-    assert float(spectral(beyond.jacobian(l, "ssmax", T=T, s=s))) <= tol * s * math.log(L) / (2 * T)
-    assert float(spectral(beyond.jacobian(l, "entmax15", T=T))) <= tol / T
+        assert float(spectral(lenses.jacobian(l, name, T=T))) <= tol / (2 * T)
+    assert float(spectral(lenses.jacobian(l, "ssmax", T=T, s=s))) <= tol * s * math.log(L) / (2 * T)
+    assert float(spectral(lenses.jacobian(l, "entmax15", T=T))) <= tol / T
     support = int((normalizers.sparsemax(l, T=T) > 0).sum())
     expected = 1 / T if support >= 2 else 0.0
-    assert abs(float(spectral(beyond.jacobian(l, "sparsemax", T=T))) - expected) <= 1e-9 * (1 + expected)
+    assert abs(float(spectral(lenses.jacobian(l, "sparsemax", T=T))) - expected) <= 1e-9 * (1 + expected)
 
 
 def test_self_adjust_keeps_a_gradient_as_T_falls():
     """T * J -> e_k e_k^T for self-adjust softmax (k = the largest logit); the others vanish."""
     l = torch.tensor([[1.0, 0.3, -0.5, 0.9]], dtype=F64)
     for T in (2e-3, 1e-3):  # the gap to the second logit is 0.1 = 50 T or more
-        J = beyond.jacobian(l, "self_adjust", T=T)
+        J = lenses.jacobian(l, "self_adjust", T=T)
         target = torch.zeros(4, 4, dtype=F64)
         target[0, 0] = 1.0
         close(T * J[0], target, atol=1e-3)
         for name in ("softmax", "softmax1", "ssmax", "sparsemax", "entmax15", "self_adjust_normalized"):
-            assert float(T * spectral(beyond.jacobian(l, name, T=T))) < 1e-3
+            assert float(T * spectral(lenses.jacobian(l, name, T=T))) < 1e-3
 
 
 # --- several heads ----------------------------------------------------------------------------------------
@@ -322,7 +322,7 @@ def test_self_adjust_keeps_a_gradient_as_T_falls():
 @pytest.mark.parametrize("N", [1, 2, 5])
 def test_separated_keys_match_loop_and_metrics(name, N):
     w, x, mask = causal_heads(5, name=name)
-    selected, separated, valid = beyond.separated_keys(w, x, N, mask, M=1.5)
+    selected, separated, valid = lenses.separated_keys(w, x, N, mask, M=1.5)
     ratio, _ = metrics.separability(w, x, N, mask, M=1.5)
     close(torch.where(valid, separated.sum(-1).to(F64) / N, torch.nan), ratio)
     for index in np.ndindex(*w.shape[:-1]):
@@ -337,13 +337,13 @@ def test_separated_keys_match_loop_and_metrics(name, N):
 
 def head_sets(seed, N, heads=3, L=12, layers=2):
     w, x, mask = causal_heads(seed, layers=layers, heads=heads, L=L, d=4)
-    return beyond.separated_keys(w, x, N, mask)
+    return lenses.separated_keys(w, x, N, mask)
 
 
 @pytest.mark.parametrize("N", [2, 3])
 def test_coverage_matches_brute_force(N):
     selected, separated, valid = head_sets(6, N)
-    result = beyond.coverage(selected, separated, valid, N)
+    result = lenses.coverage(selected, separated, valid, N)
     H = selected.shape[-3]
     for layer in range(selected.shape[0]):
         for r in range(selected.shape[-2]):
@@ -362,7 +362,7 @@ def test_coverage_matches_brute_force(N):
 def test_coverage_null_distribution():
     N = 3
     selected, separated, valid = head_sets(7, N, heads=4, L=16)
-    result = beyond.coverage(selected, separated, valid, N, n_perm=4000, generator=torch.Generator().manual_seed(0))
+    result = lenses.coverage(selected, separated, valid, N, n_perm=4000, generator=torch.Generator().manual_seed(0))
     assert result.null.shape == (4000, selected.shape[0])
     expected = torch.where(result.valid, result.expected, 0.0).sum(-1)
     spread = result.null.std(0) / math.sqrt(4000)
@@ -376,7 +376,7 @@ def test_coverage_null_is_degenerate_when_nothing_can_move():
     selected, _, valid = head_sets(8, 2)
     separated = selected.clone()
     separated[:, 1] = False
-    result = beyond.coverage(selected, separated, valid, 2, n_perm=50, generator=torch.Generator().manual_seed(1))
+    result = lenses.coverage(selected, separated, valid, 2, n_perm=50, generator=torch.Generator().manual_seed(1))
     observed = torch.where(result.valid, result.covered, 0).sum(-1).to(F64)
     assert (result.null == observed).all()
     close(torch.where(result.valid, result.expected, 0.0).sum(-1), observed)
@@ -384,7 +384,7 @@ def test_coverage_null_is_degenerate_when_nothing_can_move():
 
 def test_head_association_matches_contingency_tables():
     selected, separated, valid = head_sets(9, 4, heads=3, L=20)
-    got = beyond.head_association(selected, separated, valid)
+    got = lenses.head_association(selected, separated, valid)
     ok = valid.all(-2)
     for layer in range(selected.shape[0]):
         for h, k in itertools.product(range(3), repeat=2):
@@ -408,10 +408,10 @@ def test_head_association_matches_contingency_tables():
 
 def test_association_counts_add_up_over_blocks():
     selected, separated, valid = head_sets(13, 3, heads=3, L=20)
-    whole = beyond.head_association(selected, separated, valid)
-    parts = [beyond.head_association(selected[..., rows, :], separated[..., rows, :], valid[..., rows])
+    whole = lenses.head_association(selected, separated, valid)
+    parts = [lenses.head_association(selected[..., rows, :], separated[..., rows, :], valid[..., rows])
              for rows in (slice(0, 9), slice(9, 20))]
-    summed = beyond.association_from_counts(*(sum(p[k] for p in parts) for k in ("n11", "n10", "n01", "n00")))
+    summed = lenses.association_from_counts(*(sum(p[k] for p in parts) for k in ("n11", "n10", "n01", "n00")))
     for key in ("n", "phi", "pvalue"):
         close(summed[key], whole[key])
 
@@ -420,15 +420,15 @@ def test_association_counts_add_up_over_blocks():
 
 
 def test_resolve_long_lengths():
-    assert beyond.resolve_long_lengths(None, 1024, 8192) == [2048, 4096]
-    assert beyond.resolve_long_lengths(None, 1024, 3000) == [2048]
-    assert beyond.resolve_long_lengths(None, 1024, 1024) == []
-    assert beyond.resolve_long_lengths([1500, 3000], 1024, 8192) == [1500, 3000]
+    assert lenses.resolve_long_lengths(None, 1024, 8192) == [2048, 4096]
+    assert lenses.resolve_long_lengths(None, 1024, 3000) == [2048]
+    assert lenses.resolve_long_lengths(None, 1024, 1024) == []
+    assert lenses.resolve_long_lengths([1500, 3000], 1024, 8192) == [1500, 3000]
     for bad in ([1024], [4096, 2048], [9000], [], "2048", [2048.0], [True]):
         with pytest.raises(ValueError, match=r"parameter long_lengths must be None or increasing lengths in \[1025, 8192\]"):
-            beyond.resolve_long_lengths(bad, 1024, 8192)
+            lenses.resolve_long_lengths(bad, 1024, 8192)
     with pytest.raises(ValueError, match="leaves no length above L"):
-        beyond.resolve_long_lengths([2048], 1024, 1024)
+        lenses.resolve_long_lengths([2048], 1024, 1024)
 
 
 # --- bad input ---------------------------------------------------------------------------------------------
@@ -437,27 +437,27 @@ def test_resolve_long_lengths():
 def test_bad_input():
     l = torch.randn(2, 4, dtype=F64)
     with pytest.raises(ValueError, match="name must be one of"):
-        beyond.jacobian(l, "softmax2")
+        lenses.jacobian(l, "softmax2")
     with pytest.raises(ValueError, match="T must be"):
-        beyond.jvp(l, l, "softmax", T=0.0)
+        lenses.jvp(l, l, "softmax", T=0.0)
     with pytest.raises(ValueError, match="v of shape"):
-        beyond.jvp(l, torch.randn(3), "softmax")
+        lenses.jvp(l, torch.randn(3), "softmax")
     with pytest.raises(ValueError, match="mask must be a boolean"):
-        beyond.row_stats(l.softmax(-1), mask=torch.ones(2, 4))
+        lenses.row_stats(l.softmax(-1), mask=torch.ones(2, 4))
     with pytest.raises(ValueError, match="a must be"):
-        beyond.lemma1_envelope("softmax", -1.0, 4)
+        lenses.lemma1_envelope("softmax", -1.0, 4)
     with pytest.raises(ValueError, match="L must be"):
-        beyond.lemma1_envelope("softmax", 1.0, 0)
+        lenses.lemma1_envelope("softmax", 1.0, 0)
     with pytest.raises(ValueError, match="name must be one of"):
-        beyond.planted_weight_bound("softmax1", 1.0, 4)
+        lenses.planted_weight_bound("softmax1", 1.0, 4)
     with pytest.raises(ValueError, match="N must be"):
-        beyond.lens_distance(l.softmax(-1), torch.randn(4, 3, dtype=F64), 4)
+        lenses.lens_distance(l.softmax(-1), torch.randn(4, 3, dtype=F64), 4)
     sel, sep, valid = head_sets(10, 2)
     with pytest.raises(ValueError, match="inside selected"):
-        beyond.coverage(sel, sep | ~sel, valid, 2)
+        lenses.coverage(sel, sep | ~sel, valid, 2)
     with pytest.raises(ValueError, match="exactly N"):
-        beyond.coverage(sel, sep, valid, 3)
+        lenses.coverage(sel, sep, valid, 3)
     with pytest.raises(ValueError, match="valid of shape"):
-        beyond.coverage(sel, sep, torch.ones(5, dtype=torch.bool), 2)
+        lenses.coverage(sel, sep, torch.ones(5, dtype=torch.bool), 2)
     with pytest.raises(ValueError, match="x must be"):
-        beyond.separated_keys(l.softmax(-1), torch.randn(5, 3, dtype=F64), 1)
+        lenses.separated_keys(l.softmax(-1), torch.randn(5, 3, dtype=F64), 1)

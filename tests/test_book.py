@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from attn_utils import claims, execute
+from attn_utils.book import build, claims
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,13 +35,13 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 def built_book(tmp_path_factory):
     """Build the book with :data:`SMALL` parameters (those some notebook declares)."""
     out = tmp_path_factory.mktemp("book") / "html"
-    declared = set().union(*(execute.notebook_parameters(execute.ROOT / f"{f}.py")
-                              for f in execute.toc_files() if f.startswith("notebooks/")))
-    return execute.build_book({k: v for k, v in SMALL.items() if k in declared}, out=out, progress=False)
+    declared = set().union(*(build.notebook_parameters(build.ROOT / f"{f}.py")
+                              for f in build.toc_files() if f.startswith("notebooks/")))
+    return build.build_book({k: v for k, v in SMALL.items() if k in declared}, out=out, progress=False)
 
 
 def chapters() -> list[str]:
-    return [Path(f).name for f in execute.toc_files() if f.startswith("notebooks/")]
+    return [Path(f).name for f in build.toc_files() if f.startswith("notebooks/")]
 
 
 @pytest.mark.slow

@@ -5,9 +5,9 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
-from attn_utils.capture import CAPTURE_IMPLEMENTATION, FIELDS, LayerCapture, capture, capture_all, capture_mode
-from attn_utils.corpus import token_windows
-from attn_utils.models import load_model
+from attn_utils.models.capture import CAPTURE_IMPLEMENTATION, FIELDS, LayerCapture, capture, capture_all, capture_mode
+from attn_utils.models.corpus import token_windows
+from attn_utils.models.loading import load_model
 
 TEXT = ("Well, Prince, so Genoa and Lucca are now just family estates of the Buonapartes. But I warn you, if you "
         "don't tell me that this means war, if you still try to defend the infamies and horrors perpetrated by that "

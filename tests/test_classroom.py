@@ -13,7 +13,13 @@ import psutil
 import pytest
 import torch
 
-from attn_utils import classroom, cli, execute, grading, normalizers, student
+from attn_utils import cli
+
+from attn_utils.classroom import exercises, grading, student
+
+from attn_utils.book import build
+
+from attn_utils.mathematics import normalizers
 
 F64 = torch.float64
 SMALL = {"model": "gpt2-random", "L": 64}
@@ -23,7 +29,7 @@ SMALL = {"model": "gpt2-random", "L": 64}
 
 
 def master(stem: str) -> nbformat.NotebookNode:
-    return jupytext.read(execute.NOTEBOOK_DIR / f"{stem}.py")
+    return jupytext.read(build.NOTEBOOK_DIR / f"{stem}.py")
 
 
 def solution_cells(stem: str) -> dict[str, str]:
@@ -54,31 +60,31 @@ def functions_of(source: str) -> dict:
 
 
 def solution(key: str) -> dict:
-    return functions_of(solution_cells(classroom.EXERCISES[key].notebook)[key])
+    return functions_of(solution_cells(exercises.EXERCISES[key].notebook)[key])
 
 
 def test_every_exercise_chapter_has_a_derivation_and_a_checked_coding_exercise():
-    for stem in classroom.exercise_notebooks():
+    for stem in exercises.exercise_notebooks():
         text = "\n".join(c.source for c in master(stem).cells)
         labels = re.findall(r"```\{exercise\}.*\n:label: (\S+)", text)
         assert len(labels) >= 2, f"{stem} has fewer than two exercises"
-        assert set(solution_cells(stem)) == set(classroom.exercises_of(stem)), f"{stem}: solution cells vs registry"
-        for key in classroom.exercises_of(stem):
+        assert set(solution_cells(stem)) == set(exercises.exercises_of(stem)), f"{stem}: solution cells vs registry"
+        for key in exercises.exercises_of(stem):
             assert key in labels
             checks = [c for c in master(stem).cells if "exercise-check" in c.metadata.get("tags", [])]
-            assert any(f'classroom.check("{key}"' in c.source for c in checks), f"no check cell for {key}"
+            assert any(f'exercises.check("{key}"' in c.source for c in checks), f"no check cell for {key}"
 
 
 def test_teachers_page_links_every_exercise():
-    page = (execute.ROOT / "book" / "teachers.md").read_text()
-    for stem in classroom.exercise_notebooks():
+    page = (build.ROOT / "book" / "teachers.md").read_text()
+    for stem in exercises.exercise_notebooks():
         labels = re.findall(r"```\{exercise\}.*\n:label: (\S+)", "\n".join(c.source for c in master(stem).cells))
         assert all(f"<{label}>`" in page for label in labels), f"book/teachers.md misses an exercise of {stem}"
 
 
-@pytest.mark.parametrize("key", sorted(classroom.EXERCISES))
+@pytest.mark.parametrize("key", sorted(exercises.EXERCISES))
 def test_solutions_pass_every_check(key):
-    result = classroom.check(key, *(solution(key)[name] for name in classroom.EXERCISES[key].names))
+    result = exercises.check(key, *(solution(key)[name] for name in exercises.EXERCISES[key].names))
     assert result.score == 1 and not result.failed and repr(result).endswith("checks passed")
 
 
@@ -205,7 +211,7 @@ MISTAKES = [
 
 @pytest.mark.parametrize("key, functions, part, hint", MISTAKES, ids=[f"{m[0]}-{m[3][:30]}" for m in MISTAKES])
 def test_typical_mistake_gets_its_hint(key, functions, part, hint):
-    result = classroom.evaluate(key, functions)
+    result = exercises.evaluate(key, functions)
     failed = dict(result.failed)
     assert part in failed, f"part {part!r} passed; failures: {failed}"
     assert hint in failed[part], failed[part]
@@ -213,15 +219,15 @@ def test_typical_mistake_gets_its_hint(key, functions, part, hint):
 
 
 def test_check_raises_the_hint_and_evaluate_survives_anything():
-    with pytest.raises(classroom.CheckFailed, match="your weights do not sum to one along the last axis"):
-        classroom.check("ch0-ex2", causal_softmax_with(axis=-2)["causal_softmax"])
+    with pytest.raises(exercises.CheckFailed, match="your weights do not sum to one along the last axis"):
+        exercises.check("ch0-ex2", causal_softmax_with(axis=-2)["causal_softmax"])
     with pytest.raises(TypeError, match="max_weight_bound, extreme_row"):
-        classroom.check("ch1-ex2", solution("ch1-ex2")["max_weight_bound"])
+        exercises.check("ch1-ex2", solution("ch1-ex2")["max_weight_bound"])
     with pytest.raises(ValueError, match="unknown exercise 'ch9-ex1'"):
-        classroom.evaluate("ch9-ex1", {})
-    crashing = classroom.evaluate("ch4-ex2", {"g_row": lambda *a: 1 / 0})
+        exercises.evaluate("ch9-ex1", {})
+    crashing = exercises.evaluate("ch4-ex2", {"g_row": lambda *a: 1 / 0})
     assert crashing.score == 0 and "ZeroDivisionError" in crashing.feedback
-    assert "g_row is not defined" in classroom.evaluate("ch4-ex2", {}).feedback
+    assert "g_row is not defined" in exercises.evaluate("ch4-ex2", {}).feedback
 
 
 # --- student copies --------------------------------------------------------------------------------------
@@ -238,7 +244,7 @@ def read_copy(copies: Path, stem: str) -> tuple[nbformat.NotebookNode, nbformat.
     return nbformat.read(copies / f"{stem}.ipynb", as_version=4), jupytext.read(copies / f"{stem}.py")
 
 
-@pytest.mark.parametrize("stem", classroom.exercise_notebooks())
+@pytest.mark.parametrize("stem", exercises.exercise_notebooks())
 def test_student_copy_holds_no_solution(copies, stem):
     nb, _ = read_copy(copies, stem)
     texts = {"py": (copies / f"{stem}.py").read_text(), "ipynb": "\n".join(c.source for c in nb.cells)}
@@ -261,20 +267,20 @@ def test_student_copy_holds_no_solution(copies, stem):
     assert not any("solution" in c.metadata.get("tags", []) for c in nb.cells)
 
 
-@pytest.mark.parametrize("key", sorted(classroom.EXERCISES))
+@pytest.mark.parametrize("key", sorted(exercises.EXERCISES))
 def test_student_stub_raises_not_implemented(copies, key):
-    nb, _ = read_copy(copies, classroom.EXERCISES[key].notebook)
+    nb, _ = read_copy(copies, exercises.EXERCISES[key].notebook)
     stub = next(c for c in nb.cells if c.metadata.get("exercise") == key and "exercise" in c.metadata.get("tags", []))
     namespace = {"torch": torch}
     exec(stub.source, namespace)
     with pytest.raises(NotImplementedError, match=f"Exercise {key}: "):
-        classroom.check(key, *(namespace[name] for name in classroom.EXERCISES[key].names))
-    result = classroom.evaluate(key, namespace)
+        exercises.check(key, *(namespace[name] for name in exercises.EXERCISES[key].names))
+    result = exercises.evaluate(key, namespace)
     assert result.score == 0
     assert result.feedback.startswith("not implemented yet") and result.feedback.count(f"Exercise {key}:") == 1
 
 
-@pytest.mark.parametrize("stem", classroom.exercise_notebooks())
+@pytest.mark.parametrize("stem", exercises.exercise_notebooks())
 def test_student_py_and_ipynb_are_paired(copies, stem):
     nb, py = read_copy(copies, stem)
     assert [(c.cell_type, c.source, dict(c.metadata)) for c in nb.cells] == \
@@ -314,12 +320,12 @@ def test_student_copies_reject_bad_input(tmp_path, kwargs, message):
 
 def synthetic(path: Path, *sources: str, exercise: int = 0, chapter: str = "ch0_setting") -> Path:
     """A tiny notebook that passes for a student copy of ``chapter``: cell ``exercise`` is its exercise cell,
-    a cell calling ``classroom.check`` its check cell."""
-    key = classroom.exercises_of(chapter)[0]
+    a cell calling ``exercises.check`` its check cell."""
+    key = exercises.exercises_of(chapter)[0]
     cells = [nbformat.v4.new_code_cell(s, metadata={student.CELL_KEY: i}) for i, s in enumerate(sources)]
     cells[exercise].metadata.update(tags=["exercise"], exercise=key)
     for cell in cells:
-        if "classroom.check(" in cell.source:
+        if "exercises.check(" in cell.source:
             cell.metadata.update(tags=["exercise-check"], exercise=key)
     nb = nbformat.v4.new_notebook(cells=cells, metadata={
         "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
@@ -338,7 +344,7 @@ def rows(out_csv: Path) -> dict[str, dict[str, str]]:
 
 
 SOLVED = "import torch\n" + solution_cells("ch0_setting")["ch0-ex2"].split("\n\n\ndemo")[0]
-STUB_CHECK = 'from attn_utils import classroom\nclassroom.check("ch0-ex2", causal_softmax)'
+STUB_CHECK = 'from attn_utils.classroom import exercises\nexercises.check("ch0-ex2", causal_softmax)'
 
 
 def test_grader_rejects_unreadable_and_mutilated_files_without_running_them(tmp_path, copies):

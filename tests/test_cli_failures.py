@@ -13,13 +13,15 @@ from pathlib import Path
 import psutil
 import pytest
 
-from attn_utils import cli, execute
+from attn_utils import cli
+
+from attn_utils.book import build
 
 ROOT = Path(__file__).resolve().parents[1]
 
 # builds the book of the project folder argv[1] with the CLI arguments argv[2:]
-BOOK_OF = ("import functools, sys; from pathlib import Path; from attn_utils import cli, execute; "
-           "execute.build_book = functools.partial(execute.build_book, root=Path(sys.argv[1])); "
+BOOK_OF = ("import functools, sys; from pathlib import Path; from attn_utils import cli; from attn_utils.book import build; "
+           "build.build_book = functools.partial(build.build_book, root=Path(sys.argv[1])); "
            "sys.exit(cli.main(sys.argv[2:]))")
 
 
@@ -103,9 +105,9 @@ def test_book_params_are_split_like_a_shell_line(monkeypatch, tmp_path, capsys):
 
     def build_book(parameters, *, out):
         seen.update(parameters)
-        return execute.BookResult(out, out.with_name("html-records"), {})
+        return build.BookResult(out, out.with_name("html-records"), {})
 
-    monkeypatch.setattr(execute, "build_book", build_book)
+    monkeypatch.setattr(build, "build_book", build_book)
     argv = ["book", "--out", str(tmp_path / "html"), "--params", "Ts=[1,2] Ns='[1, 5]' model=gpt2 L=512",
             "-p", "seed", "3"]
     assert cli.main(argv) == 0
@@ -132,7 +134,7 @@ def test_auto_says_on_the_terminal_which_model_it_takes(tmp_path, capsys):
 
 
 def test_corpus_command_checks_the_shipped_copy(capsys, monkeypatch, tmp_path):
-    from attn_utils import corpus
+    from attn_utils.models import corpus
 
     assert cli.main(["corpus"]) == 0
     assert f"sha256 {corpus.WAR_AND_PEACE_SHA256} (pinned), 365 chapters" in capsys.readouterr().out

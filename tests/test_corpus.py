@@ -5,9 +5,9 @@ import socket
 import pytest
 import torch
 
-from attn_utils import corpus
-from attn_utils.corpus import Corpus, CorpusDamaged, load_text, split_chapters, strip_gutenberg, token_windows
-from attn_utils.models import gpt2_tokenizer
+from attn_utils.models import corpus
+from attn_utils.models.corpus import Corpus, CorpusDamaged, load_text, split_chapters, strip_gutenberg, token_windows
+from attn_utils.models.loading import gpt2_tokenizer
 
 OPENING = "“Well, Prince, so Genoa and Lucca are now just family estates of the"
 

@@ -1,4 +1,4 @@
-"""Tests of attn_utils.experiments (Algorithms 1-5) against the loop reference, and their conventions."""
+"""Tests of attn_utils.mathematics.algorithms (Algorithms 1-5) against the loop reference, and their conventions."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,7 +9,7 @@ import torch
 from scipy.stats import ks_2samp
 from test_metrics import HEADS, LAYERS, L, causal_attention
 
-from attn_utils import experiments, metrics, theory
+from attn_utils.mathematics import algorithms, metrics, theory
 
 LENGTHS = (8, 16, L)
 
@@ -32,7 +32,7 @@ def same(got: pd.DataFrame, want: pd.DataFrame, columns, rtol=1e-10, atol=1e-12)
 
 def test_distance_vs_length_matches_reference(data):
     w, x, _, _ = data
-    got = experiments.distance_vs_length(w, x, N=3, lengths=LENGTHS, progress=False)
+    got = algorithms.distance_vs_length(w, x, N=3, lengths=LENGTHS, progress=False)
     assert list(got.columns) == ["layer", "head", "L", "N", "distance", "expectation", "bound"]
     assert len(got) == len(LENGTHS) * LAYERS * HEADS
     same(got, ref.distance_table(w, x, [(n, 3) for n in LENGTHS]), ["distance", "expectation", "bound"])
@@ -42,27 +42,27 @@ def test_distance_vs_length_matches_reference(data):
 @pytest.mark.parametrize("reading, Ns", [("sum_of_norms", (1, 5, 10, 20)), ("norm_of_sum", (5,))])
 def test_distance_vs_n_matches_reference(data, reading, Ns):
     w, x, _, _ = data
-    got = experiments.distance_vs_n(w, x, Ns=Ns, reading=reading, progress=False)
+    got = algorithms.distance_vs_n(w, x, Ns=Ns, reading=reading, progress=False)
     same(got, ref.distance_table(w, x, [(L, n) for n in Ns], reading), ["distance", "expectation", "bound"])
 
 
 def test_prefix_block_equals_a_shorter_input(data):
     """For a causal model, the leading L x L block is the attention of the L-token prefix."""
     w, x, _, _ = data
-    long = experiments.distance_vs_length(w, x, N=2, lengths=(16,), progress=False)
-    short = experiments.distance_vs_n(w[:, :, :16, :16], x[:, :, :16], Ns=(2,), progress=False)
+    long = algorithms.distance_vs_length(w, x, N=2, lengths=(16,), progress=False)
+    short = algorithms.distance_vs_n(w[:, :, :16, :16], x[:, :, :16], Ns=(2,), progress=False)
     same(long, short, ["distance", "expectation", "bound"], rtol=0, atol=0)
 
 
 def test_critical_n_matches_scipy_and_reference(data):
     w, x, _, _ = data
     Ns = (1, 2, 4, 8, 16)
-    result = experiments.critical_n(w, x, LENGTHS, Ns, alpha=0.01, progress=False)
+    result = algorithms.critical_n(w, x, LENGTHS, Ns, alpha=0.01, progress=False)
     want_tests, want_summary = ref.critical_n(w, x, LENGTHS, Ns, 0.01)
     same(result.tests, want_tests, ["statistic", "pvalue"])
     assert result.summary["critical_n"].tolist() == want_summary["critical_n"].tolist()
     # one test recomputed with a direct scipy call on the per-head means of Algorithm 1
-    means = experiments.distance_vs_length(w, x, N=4, lengths=(16,), progress=False)
+    means = algorithms.distance_vs_length(w, x, N=4, lengths=(16,), progress=False)
     direct = ks_2samp(means["distance"], means["expectation"])
     row = result.tests[(result.tests["L"] == 16) & (result.tests["N"] == 4)].iloc[0]
     assert row["statistic"] == direct.statistic and row["pvalue"] == direct.pvalue
@@ -73,11 +73,11 @@ def test_critical_n_decision_rule(data):
     w, x, _, _ = data
     Ns = (2, 4, 8)
     # with 6 heads a KS p-value is never below 0.0021, so alpha = 0.001 never rejects ...
-    accept = experiments.critical_n(w, x, LENGTHS, Ns, alpha=0.001, progress=False).summary
+    accept = algorithms.critical_n(w, x, LENGTHS, Ns, alpha=0.001, progress=False).summary
     assert accept["critical_n"].tolist() == [2, 2, 2]
     np.testing.assert_allclose(accept["critical_fraction"], [2 / n for n in LENGTHS])
     # ... and alpha = 0.999 rejects whenever the samples differ at all
-    reject = experiments.critical_n(w, x, LENGTHS, Ns, alpha=0.999, progress=False)
+    reject = algorithms.critical_n(w, x, LENGTHS, Ns, alpha=0.999, progress=False)
     assert (reject.summary["critical_n"] == -1).all() and reject.summary["critical_fraction"].isna().all()
     assert reject.tests["reject"].all()
 
@@ -85,7 +85,7 @@ def test_critical_n_decision_rule(data):
 def test_separability_vs_n_matches_reference(data):
     w, x, _, _ = data
     Ns = (1, 2, 5, 12)
-    got = experiments.separability_vs_n(w, x, Ns=Ns, M=1.5, progress=False)
+    got = algorithms.separability_vs_n(w, x, Ns=Ns, M=1.5, progress=False)
     assert list(got.columns) == ["layer", "head", "L", "N", "separability", "lower", "upper", "delta"]
     same(got, ref.separability_table(w, x, Ns, M=1.5), ["separability", "lower", "upper", "delta"])
     assert got["separability"].between(0, 1).all() and (got["lower"] <= got["separability"] + 1e-12).all()
@@ -93,14 +93,14 @@ def test_separability_vs_n_matches_reference(data):
 
 def test_separability_vs_n_on_a_prefix(data):
     w, x, _, _ = data
-    got = experiments.separability_vs_n(w, x, Ns=(3,), L=16, progress=False)
+    got = algorithms.separability_vs_n(w, x, Ns=(3,), L=16, progress=False)
     same(got, ref.separability_table(w, x, (3,), L=16), ["separability", "lower", "upper", "delta"])
 
 
 def test_gradient_sensitivity_matches_reference(data):
     _, _, mask, logits = data
     Ts, epsilons = (1e-2, 0.3, 5.0), (1e-3, 1e-1, 10.0)
-    got = experiments.gradient_sensitivity(logits, Ts, epsilons, seed=4, progress=False)
+    got = algorithms.gradient_sensitivity(logits, Ts, epsilons, seed=4, progress=False)
     generator = torch.Generator().manual_seed(4)  # the experiment draws one layer after another
     v = torch.stack([metrics.random_directions(mask.expand(HEADS, L, L), generator) for _ in range(LAYERS)])
     want = ref.gradient_table(logits, v, Ts, epsilons)
@@ -117,40 +117,40 @@ def test_gradient_sensitivity_matches_reference(data):
 
 def test_gradient_sensitivity_is_reproducible(data):
     logits = data[3]
-    a = experiments.gradient_sensitivity(logits, (0.5,), (0.1,), seed=1, progress=False)
-    b = experiments.gradient_sensitivity(logits, (0.5,), (0.1,), seed=1, progress=False)
+    a = algorithms.gradient_sensitivity(logits, (0.5,), (0.1,), seed=1, progress=False)
+    b = algorithms.gradient_sensitivity(logits, (0.5,), (0.1,), seed=1, progress=False)
     pd.testing.assert_frame_equal(a.heads, b.heads)
 
 
 def test_float32_storage_and_explicit_mask(data):
     w, x, mask, _ = data
-    base = experiments.distance_vs_n(w, x, Ns=(3,), progress=False)
-    stored = experiments.distance_vs_n(w.float(), x.float(), Ns=(3,), mask=mask, progress=False)
+    base = algorithms.distance_vs_n(w, x, Ns=(3,), progress=False)
+    stored = algorithms.distance_vs_n(w.float(), x.float(), Ns=(3,), mask=mask, progress=False)
     same(stored, base, ["distance", "expectation", "bound"], rtol=1e-5)
-    full = experiments.distance_vs_n(w, x, Ns=(3,), mask=mask.expand(w.shape), progress=False)
+    full = algorithms.distance_vs_n(w, x, Ns=(3,), mask=mask.expand(w.shape), progress=False)
     same(full, base, ["distance", "expectation", "bound"], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("call, name", [
-    (lambda w, x, l: experiments.distance_vs_length(w, x, N=8, lengths=LENGTHS), "N"),
-    (lambda w, x, l: experiments.distance_vs_length(w, x, N=2, lengths=(8, 2 * L)), "lengths"),
-    (lambda w, x, l: experiments.distance_vs_n(w, x, Ns=(1, L)), "N"),
-    (lambda w, x, l: experiments.distance_vs_n(w, x, Ns=(0,)), "N"),
-    (lambda w, x, l: experiments.distance_vs_n(w, x, L=1), "L"),
-    (lambda w, x, l: experiments.distance_vs_n(w, x, Ns=(2,), reading="mean"), "reading"),
-    (lambda w, x, l: experiments.distance_vs_n(w[0], x, Ns=(2,)), "weights"),
-    (lambda w, x, l: experiments.distance_vs_n(w, x[:, :1], Ns=(2,)), "x"),
-    (lambda w, x, l: experiments.distance_vs_n(w, x, Ns=(2,), mask=torch.ones(3, 3, dtype=torch.bool)), "mask"),
-    (lambda w, x, l: experiments.distance_vs_n(w * 1.5, x, Ns=(2,)), "weights"),
-    (lambda w, x, l: experiments.distance_vs_n(w, x.clone().fill_(torch.nan), Ns=(2,)), "x"),
-    (lambda w, x, l: experiments.critical_n(w, x, LENGTHS, (2,), alpha=0.0), "alpha"),
-    (lambda w, x, l: experiments.critical_n(w, x, LENGTHS, (2,), alpha=1.0), "alpha"),
-    (lambda w, x, l: experiments.critical_n(w, x, (8,), (8, 16)), "Ns"),
-    (lambda w, x, l: experiments.separability_vs_n(w, x, Ns=(2,), M=0), "M"),
-    (lambda w, x, l: experiments.gradient_sensitivity(l, (0.0,)), "T"),
-    (lambda w, x, l: experiments.gradient_sensitivity(l, (1.0,), (-1.0,)), "eps"),
-    (lambda w, x, l: experiments.gradient_sensitivity(l, (1.0,), seed=-1), "seed"),
-    (lambda w, x, l: experiments.gradient_sensitivity(l.clone().fill_(torch.nan), (1.0,)), "logits"),
+    (lambda w, x, l: algorithms.distance_vs_length(w, x, N=8, lengths=LENGTHS), "N"),
+    (lambda w, x, l: algorithms.distance_vs_length(w, x, N=2, lengths=(8, 2 * L)), "lengths"),
+    (lambda w, x, l: algorithms.distance_vs_n(w, x, Ns=(1, L)), "N"),
+    (lambda w, x, l: algorithms.distance_vs_n(w, x, Ns=(0,)), "N"),
+    (lambda w, x, l: algorithms.distance_vs_n(w, x, L=1), "L"),
+    (lambda w, x, l: algorithms.distance_vs_n(w, x, Ns=(2,), reading="mean"), "reading"),
+    (lambda w, x, l: algorithms.distance_vs_n(w[0], x, Ns=(2,)), "weights"),
+    (lambda w, x, l: algorithms.distance_vs_n(w, x[:, :1], Ns=(2,)), "x"),
+    (lambda w, x, l: algorithms.distance_vs_n(w, x, Ns=(2,), mask=torch.ones(3, 3, dtype=torch.bool)), "mask"),
+    (lambda w, x, l: algorithms.distance_vs_n(w * 1.5, x, Ns=(2,)), "weights"),
+    (lambda w, x, l: algorithms.distance_vs_n(w, x.clone().fill_(torch.nan), Ns=(2,)), "x"),
+    (lambda w, x, l: algorithms.critical_n(w, x, LENGTHS, (2,), alpha=0.0), "alpha"),
+    (lambda w, x, l: algorithms.critical_n(w, x, LENGTHS, (2,), alpha=1.0), "alpha"),
+    (lambda w, x, l: algorithms.critical_n(w, x, (8,), (8, 16)), "Ns"),
+    (lambda w, x, l: algorithms.separability_vs_n(w, x, Ns=(2,), M=0), "M"),
+    (lambda w, x, l: algorithms.gradient_sensitivity(l, (0.0,)), "T"),
+    (lambda w, x, l: algorithms.gradient_sensitivity(l, (1.0,), (-1.0,)), "eps"),
+    (lambda w, x, l: algorithms.gradient_sensitivity(l, (1.0,), seed=-1), "seed"),
+    (lambda w, x, l: algorithms.gradient_sensitivity(l.clone().fill_(torch.nan), (1.0,)), "logits"),
 ])
 def test_bad_input_names_the_parameter(data, call, name):
     w, x, _, logits = data
@@ -164,12 +164,12 @@ def test_bad_input_names_the_parameter(data, call, name):
 @pytest.mark.parametrize("length", [1, 2, 7, 64, 1000, 4096])
 @pytest.mark.parametrize("per_octave", [None, 1, 3, 8])
 def test_sample_rows(length, per_octave):
-    rows, weight = experiments.sample_rows(length, per_octave)
+    rows, weight = algorithms.sample_rows(length, per_octave)
     assert rows[0] == 0 and (np.diff(rows) > 0).all() and rows[-1] < length
     assert abs(weight.sum() - length) < 1e-9 * length
     if per_octave is None:
         assert rows.tolist() == list(range(length))
-    blocks = experiments.octave_blocks(rows)
+    blocks = algorithms.octave_blocks(rows)
     assert sorted(np.concatenate([b for b, _ in blocks]).tolist()) == list(range(len(rows)))
     for positions, K in blocks:
         assert K == rows[positions].max() + 1 and K <= 2 * rows[positions].min() + 2
@@ -177,8 +177,8 @@ def test_sample_rows(length, per_octave):
 
 def test_sample_rows_bad_input():
     with pytest.raises(ValueError, match="length must be"):
-        experiments.sample_rows(0, 4)
+        algorithms.sample_rows(0, 4)
     with pytest.raises(ValueError, match="per_octave must be"):
-        experiments.sample_rows(8, 0)
+        algorithms.sample_rows(8, 0)
     with pytest.raises(ValueError, match="rows must be"):
-        experiments.octave_blocks([3, 1])
+        algorithms.octave_blocks([3, 1])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from attn_utils.models import models_dir
+from attn_utils.models.loading import models_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""Tests of attn_utils.metrics: agreement with the loop reference, precision, conventions, properties, bad input."""
+"""Tests of attn_utils.mathematics.metrics: agreement with the loop reference, precision, conventions, properties, bad input."""
 from __future__ import annotations
 
 import math
@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attn_utils import metrics, theory
+from attn_utils.mathematics import metrics, theory
 
 LAYERS, HEADS, L, D = 2, 3, 24, 8
 NS = [1, 3, 7, 20]

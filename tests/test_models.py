@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from attn_utils import models
-from attn_utils.corpus import sha256_file
-from attn_utils.models import KNOWN_MODELS, ModelUnavailable, context_length, load_model, resolve_device
+from attn_utils.models import loading
+from attn_utils.models.corpus import sha256_file
+from attn_utils.models.loading import KNOWN_MODELS, ModelUnavailable, context_length, load_model, resolve_device
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,7 @@ def empty_hub(monkeypatch, tmp_path):
 def _tiny_gpt2_folder(folder):
     config = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=64)
     GPT2LMHeadModel._from_config(config).save_pretrained(folder)
-    models.gpt2_tokenizer().save_pretrained(folder)
+    loading.gpt2_tokenizer().save_pretrained(folder)
     return folder
 
 
@@ -113,7 +113,7 @@ def test_local_hub_cache_comes_first_and_auto_takes_gpt2_from_it(monkeypatch, tm
     assert prov.model_source == prov.tokenizer == f"openai-community/gpt2@{commit}"
     _, _, prov = load_model("auto")
     assert prov.model == "gpt2" and prov.notes == ["auto: took gpt2 because GPT-2 is in the local Hugging Face cache"]
-    assert models.choose_auto() == ("gpt2", "GPT-2 is in the local Hugging Face cache")
+    assert loading.choose_auto() == ("gpt2", "GPT-2 is in the local Hugging Face cache")
 
 
 def test_hub_id_offline_fails_at_once(monkeypatch, empty_hub):
@@ -132,7 +132,7 @@ def test_auto_says_why_it_takes_smollm2_without_loading_anything(monkeypatch, em
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1" if offline else "0")
     start = time.perf_counter()
-    name, why = models.choose_auto()
+    name, why = loading.choose_auto()
     assert name == "smollm2-135m" and why.startswith("GPT-2 could not be loaded here (openai-community/gpt2 is not")
     assert ("HF_HUB_OFFLINE is set" in why) == offline and ("could not be reached" in why) != offline
     assert time.perf_counter() - start < 5
@@ -149,7 +149,7 @@ def test_silent_hub_costs_seconds_not_minutes(monkeypatch, empty_hub):
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
-    monkeypatch.setattr(models, "HUB_TIMEOUT_S", 1)
+    monkeypatch.setattr(loading, "HUB_TIMEOUT_S", 1)
     start = time.perf_counter()
     try:
         with pytest.raises(ModelUnavailable, match="could not be reached within 1 s"):
@@ -165,7 +165,7 @@ def test_smollm2_is_the_embedded_pretrained_model():
     assert type(model).__name__ == "LlamaForCausalLM" and model.config._attn_implementation == "eager"
     assert prov.architecture == {"n_layers": 30, "n_heads": 9, "n_kv_heads": 3, "head_dim": 64,
                                  "context_length": 8192}
-    assert prov.weights_sha256 == sha256_file(models.smollm2_gguf()) and prov.pretrained is True
+    assert prov.weights_sha256 == sha256_file(loading.smollm2_gguf()) and prov.pretrained is True
     assert len(tok) == 49152 and tok.model_max_length == 8192
     ids = tok("The capital of France is", return_tensors="pt")["input_ids"]
     with torch.inference_mode():
@@ -186,12 +186,12 @@ def test_auto_falls_back_to_smollm2_offline(monkeypatch, empty_hub):
 @pytest.mark.slow
 def test_damaged_smollm2_cache_is_rebuilt(monkeypatch, tmp_path):
     load_model("smollm2-135m")  # make sure a good converted copy exists
-    good = next(p for p in models.models_dir().glob("smollm2-135m-*") if models._complete(p))
+    good = next(p for p in loading.models_dir().glob("smollm2-135m-*") if loading._complete(p))
     damaged = tmp_path / good.name
     shutil.copytree(good, damaged, copy_function=os.link)
     (damaged / "model.safetensors").unlink()
     (damaged / "model.safetensors").write_bytes(b"truncated")
-    assert not models._complete(damaged)
+    assert not loading._complete(damaged)
     rebuilt = []
 
     def fake_convert(gguf, sha, folder):
@@ -200,6 +200,6 @@ def test_damaged_smollm2_cache_is_rebuilt(monkeypatch, tmp_path):
         shutil.copytree(good, folder, copy_function=os.link)
 
     monkeypatch.setenv("ATTN_COMPANION_MODELS", str(tmp_path))
-    monkeypatch.setattr(models, "_convert_gguf", fake_convert)
+    monkeypatch.setattr(loading, "_convert_gguf", fake_convert)
     model, _, _ = load_model("smollm2-135m")
-    assert rebuilt == [damaged] and models._complete(damaged)
+    assert rebuilt == [damaged] and loading._complete(damaged)

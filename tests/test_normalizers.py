@@ -1,4 +1,4 @@
-"""Tests of attn_utils.normalizers: golden values, independent oracles, properties, gradients, bad input."""
+"""Tests of attn_utils.mathematics.normalizers: golden values, independent oracles, properties, gradients, bad input."""
 from __future__ import annotations
 
 import math
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from attn_utils.normalizers import (
+from attn_utils.mathematics.normalizers import (
     NORMALIZERS,
     SUMS_TO_ONE,
     causal_mask,

@@ -8,10 +8,10 @@ import jupytext
 import nbformat
 import pytest
 
-from attn_utils import execute
-from attn_utils.params import SPECS
+from attn_utils.book import build
+from attn_utils.book.params import SPECS
 
-SOURCES = sorted(execute.NOTEBOOK_DIR.glob("*.py"))
+SOURCES = sorted(build.NOTEBOOK_DIR.glob("*.py"))
 
 
 @pytest.mark.parametrize("src", SOURCES, ids=lambda p: p.stem)
@@ -31,14 +31,14 @@ def test_parameters_are_documented_and_validated(src):
     cells = [c for c in nb.cells if c.cell_type == "code"]
     index = next((i for i, c in enumerate(cells) if "parameters" in c.metadata.get("tags", [])), None)
     assert index is not None, "no cell tagged 'parameters'"
-    declared = execute.notebook_parameters(src)
+    declared = build.notebook_parameters(src)
     if not declared:
         return
     for line in cells[index].source.splitlines():
         if "=" in line and not line.lstrip().startswith("#"):
             assert "#" in line, f"undocumented parameter line: {line!r}"
     unknown = set(declared) - set(SPECS)
-    assert not unknown, f"parameters without a specification in attn_utils.params.SPECS: {unknown}"
+    assert not unknown, f"parameters without a specification in attn_utils.book.params.SPECS: {unknown}"
     calls = [n for n in ast.walk(ast.parse(cells[index + 1].source))
              if isinstance(n, ast.Call) and getattr(n.func, "id", getattr(n.func, "attr", "")) == "validate"]
     assert calls, "the cell after the parameters must call validate(...)"
@@ -49,16 +49,16 @@ def test_parameters_are_documented_and_validated(src):
 @pytest.mark.parametrize("name, value", [("L", 0), ("model", ""), ("seed", -1)])
 def test_invalid_parameter_stops_in_first_cell(tmp_path, name, value):
     """An invalid value raises ValueError naming the parameter, before any heavy work."""
-    src = execute.NOTEBOOK_DIR / "ch0_setting.py"
+    src = build.NOTEBOOK_DIR / "ch0_setting.py"
     with pytest.raises(ValueError, match=f"parameter {name} must be"):
-        execute.execute_notebook(src, tmp_path / "out.ipynb", {name: value}, progress=False)
+        build.execute_notebook(src, tmp_path / "out.ipynb", {name: value}, progress=False)
 
 
 def test_notebook_itself_rejects_invalid_parameter(tmp_path):
     """Run by hand (papermill directly, no pre-check), the notebook stops in the cell after its parameters."""
     import papermill
 
-    src = execute.NOTEBOOK_DIR / "ch0_setting.py"
+    src = build.NOTEBOOK_DIR / "ch0_setting.py"
     nb_in = tmp_path / "in.ipynb"
     nbformat.write(jupytext.read(src), nb_in)
     with pytest.raises(papermill.PapermillExecutionError) as err:

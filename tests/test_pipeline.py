@@ -12,7 +12,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from attn_utils import cli, execute, params, sweep
+from attn_utils import cli
+
+from attn_utils.book import build, params, sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,7 +32,7 @@ NOTEBOOK = textwrap.dedent('''\
     seed = 0  # seed
 
     # %%
-    from attn_utils.params import validate
+    from attn_utils.book.params import validate
     validate(N=N, seed=seed)
     from myst_nb import glue
     import matplotlib.pyplot as plt
@@ -57,10 +59,10 @@ def tiny_book(tmp_path):
 
 
 def test_parse_and_split_values():
-    assert execute.parse_value("5") == 5 and execute.parse_value("1e-3") == 1e-3
-    assert execute.parse_value("[32, 64]") == [32, 64] and execute.parse_value("None") is None
-    assert execute.parse_value("gpt2") == "gpt2"
-    assert execute.split_values("1,[2, 3],abc") == [1, [2, 3], "abc"]
+    assert build.parse_value("5") == 5 and build.parse_value("1e-3") == 1e-3
+    assert build.parse_value("[32, 64]") == [32, 64] and build.parse_value("None") is None
+    assert build.parse_value("gpt2") == "gpt2"
+    assert build.split_values("1,[2, 3],abc") == [1, [2, 3], "abc"]
 
 
 @pytest.mark.parametrize("name, value, fragment", [
@@ -87,16 +89,16 @@ def test_validate_accepts_good_values():
 
 def test_notebook_parameters_and_unknown_parameter(tiny_book):
     src = tiny_book / "notebooks" / "tiny.py"
-    assert execute.notebook_parameters(src) == {"N": 3, "seed": 0}
+    assert build.notebook_parameters(src) == {"N": 3, "seed": 0}
     with pytest.raises(ValueError, match="tiny has no parameter 'L'"):
-        execute.check_parameters(src, {"L": 5})
+        build.check_parameters(src, {"L": 5})
     with pytest.raises(ValueError, match="parameter N must be"):
-        execute.check_parameters(src, {"N": -1})
+        build.check_parameters(src, {"N": -1})
 
 
 def test_build_book_then_failed_build_keeps_previous(tiny_book, tmp_path):
     out = tmp_path / "html"
-    result = execute.build_book({"N": 4}, root=tiny_book, out=out, progress=False)
+    result = build.build_book({"N": 4}, root=tiny_book, out=out, progress=False)
     page = (out / "notebooks" / "tiny.html").read_text()
     assert "The answer is" in page and ">8<" in page  # glue 2 * N reached the prose
     assert set(result.timings) == {"tiny"} and result.timings["tiny"] > 0
@@ -104,17 +106,17 @@ def test_build_book_then_failed_build_keeps_previous(tiny_book, tmp_path):
     # a notebook that raises: the pipeline names it, and the previous book stays
     src = tiny_book / "notebooks" / "tiny.py"
     src.write_text(src.read_text().replace("validate(N=N, seed=seed)", "raise ValueError('boom from the notebook')"))
-    with pytest.raises(execute.NotebookFailed, match="tiny.py failed: ValueError: boom"):
-        execute.build_book({}, root=tiny_book, out=out, progress=False)
+    with pytest.raises(build.NotebookFailed, match="tiny.py failed: ValueError: boom"):
+        build.build_book({}, root=tiny_book, out=out, progress=False)
     assert (out / "notebooks" / "tiny.html").read_text() == page
     assert not list(tmp_path.glob("html.old")) and not list(out.parent.glob(".staging-*"))
 
 
 def test_build_book_rejects_bad_parameters_before_running(tiny_book, tmp_path):
     with pytest.raises(ValueError, match="no notebook has a parameter 'L'"):
-        execute.build_book({"L": 5}, root=tiny_book, out=tmp_path / "html")
+        build.build_book({"L": 5}, root=tiny_book, out=tmp_path / "html")
     with pytest.raises(ValueError, match="parameter N must be an integer >= 1"):
-        execute.build_book({"N": 0}, root=tiny_book, out=tmp_path / "html")
+        build.build_book({"N": 0}, root=tiny_book, out=tmp_path / "html")
     assert not (tmp_path / "html").exists()
 
 
@@ -155,14 +157,14 @@ def test_run_marks_failed_runs_and_a_rejected_run_writes_nothing(tiny_book, tmp_
     status = json.loads((ok.parent / "status.json").read_text())
     assert status["status"] == "ok" and status["seconds"] > 0
     src.write_text(src.read_text().replace("validate(N=N, seed=seed)", "raise ValueError('boom from the notebook')"))
-    with pytest.raises(execute.NotebookFailed):
+    with pytest.raises(build.NotebookFailed):
         sweep.run_one(src, {"N": 3}, runs, progress=False)
     failed = sweep.run_folder(src, {"N": 3}, runs)
     status = json.loads((failed / "status.json").read_text())
     assert status["status"] == "failed" and "boom from the notebook" in status["error"]
     assert "boom from the notebook" in (failed / "tiny.ipynb").read_text()  # the traceback is kept
     # a sweep with a failing combination: the index shows each run's status
-    with pytest.raises(execute.NotebookFailed, match="1 of 1 runs failed"):
+    with pytest.raises(build.NotebookFailed, match="1 of 1 runs failed"):
         sweep.sweep(src, {"N": [4]}, runs)
     results = json.loads((runs / "tiny" / "index.json").read_text())
     assert [r["status"] for r in results] == ["failed"] and results[0]["notebook"]
@@ -178,14 +180,14 @@ def test_new_build_removes_stale_staging_folders(tiny_book, tmp_path):
         (folder / "_run").mkdir(parents=True)
     src = tiny_book / "notebooks" / "tiny.py"
     src.write_text(src.read_text().replace("validate(N=N, seed=seed)", "raise ValueError('boom')"))
-    with pytest.raises(execute.NotebookFailed):
-        execute.build_book({}, root=tiny_book, out=tmp_path / "html", progress=False)
+    with pytest.raises(build.NotebookFailed):
+        build.build_book({}, root=tiny_book, out=tmp_path / "html", progress=False)
     assert not any(folder.exists() for folder in stale) and live.is_dir()
     assert list(tmp_path.glob(".staging-*")) == [live]
 
 
 def test_kernel_prints_no_encryption_warning(tiny_book, tmp_path, capfd):
-    execute.execute_notebook(tiny_book / "notebooks" / "tiny.py", tmp_path / "tiny.ipynb", progress=False)
+    build.execute_notebook(tiny_book / "notebooks" / "tiny.py", tmp_path / "tiny.ipynb", progress=False)
     err = capfd.readouterr().err
     assert "without encryption" not in err
 

@@ -3,8 +3,8 @@ import time
 
 import pytest
 
-from attn_utils.corpus import Corpus
-from attn_utils.provenance import Provenance, package_versions
+from attn_utils.models.corpus import Corpus
+from attn_utils.models.provenance import Provenance, package_versions
 
 CORPUS = Corpus(name="War and Peace (Project Gutenberg #2600)", source="pg2600.txt", sha256="ab" * 32, text="...",
                 chapters=(1, 10), n_chapters=365)
@@ -70,7 +70,7 @@ def test_the_lock_file_is_recorded_with_its_hash_and_what_differs(tmp_path):
     import hashlib
     import importlib.metadata
 
-    from attn_utils.provenance import LOCK_FILE, lock_status
+    from attn_utils.models.provenance import LOCK_FILE, lock_status
 
     shipped = lock_status()
     assert shipped["file"] == "requirements.txt" and shipped["pins"] > 100

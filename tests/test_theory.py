@@ -1,4 +1,4 @@
-"""Tests of attn_utils.theory: every proven bound on 1000 hypothesis cases, the vectorised functions
+"""Tests of attn_utils.mathematics.theory: every proven bound on 1000 hypothesis cases, the vectorised functions
 against plain per-row loops, the Jacobians against autograd, the documented counterexamples, bad input."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attn_utils import theory as th
+from attn_utils.mathematics import theory as th
 
 MANY = settings(max_examples=1000, deadline=None)
 F64 = torch.float64

@@ -1,7 +1,7 @@
 """The claims ledger: each claim of the paper, the value we measured, and a verdict.
 
 Notebooks call :func:`record` as they test a claim; the reproducibility chapter collects every
-record with :func:`load` (records live in the build's run folder, see :mod:`attn_utils.runlog`).
+record with :func:`load` (records live in the build's run folder, see :mod:`attn_utils.book.runlog`).
 """
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import runlog
-from .validation import check_choice
+from attn_utils.book import runlog
+from attn_utils.mathematics.validation import check_choice
 
 VERDICTS = ("reproduced", "partly reproduced", "not reproduced", "not comparable", "holds", "fails")
 

@@ -26,10 +26,10 @@ import papermill
 import yaml
 from traitlets.config import Config
 
-from .params import validate
-from . import runlog
+from attn_utils.book.params import validate
+from attn_utils.book import runlog
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK_DIR = ROOT / "notebooks"
 # CurveZMQ-encrypted kernel connections, as the kernel's "running over TCP without encryption" warning advises
 KERNEL_CONFIG = Config({"KernelManager": {"transport_encryption": "auto"}})
@@ -176,7 +176,7 @@ def book_notebooks(root: Path = ROOT) -> list[Path]:
 @dataclass
 class BookResult:
     html: Path              # the built book
-    records: Path           # the build's claims, provenance and timing records (attn_utils.runlog)
+    records: Path           # the build's claims, provenance and timing records (attn_utils.book.runlog)
     timings: dict[str, float]
 
 

@@ -35,7 +35,7 @@ from typing import NamedTuple
 import torch
 from scipy.optimize import minimize_scalar
 
-from attn_utils.validation import (
+from attn_utils.mathematics.validation import (
     as_tensor,
     broadcasts_to,
     check_finite,

@@ -6,12 +6,12 @@ files, ``<run dir>/<kind>/<key>.json``; a notebook opened by hand writes to ``ru
 """
 from __future__ import annotations
 
-import functools
 import json
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 RUN_DIR_ENV = "ATTN_COMPANION_RUN_DIR"
 NOTEBOOK_ENV = "ATTN_COMPANION_NOTEBOOK"
@@ -19,7 +19,7 @@ NOTEBOOK_ENV = "ATTN_COMPANION_NOTEBOOK"
 
 def run_dir() -> Path:
     """The folder this build's artefacts go to."""
-    return Path(os.environ.get(RUN_DIR_ENV) or Path(__file__).resolve().parents[1] / "runs" / "interactive")
+    return Path(os.environ.get(RUN_DIR_ENV) or Path(__file__).resolve().parents[2] / "runs" / "interactive")
 
 
 def notebook() -> str:
@@ -50,14 +50,12 @@ def record_time(algorithm: str, seconds: float) -> None:
                            "seconds": previous["seconds"] + seconds, "calls": previous["calls"] + 1})
 
 
-def timed(algorithm: str) -> Callable:
-    """Decorator: record the wall time of every call of a function that implements ``algorithm``."""
-    def wrap(fn: Callable) -> Callable:
-        @functools.wraps(fn)
-        def inner(*args, **kwargs):
-            start = time.perf_counter()
-            result = fn(*args, **kwargs)
-            record_time(algorithm, time.perf_counter() - start)
-            return result
-        return inner
-    return wrap
+@contextmanager
+def timing(algorithm: str):
+    """``with timing("Algorithm 4"): ...`` records the block's wall time under ``algorithm`` (see :func:`record_time`);
+    the paper's algorithms themselves do no I/O, so their callers time them."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        record_time(algorithm, time.perf_counter() - start)

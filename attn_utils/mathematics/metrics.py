@@ -19,7 +19,7 @@ The public functions validate their input and raise ``ValueError`` naming the pa
 (L = 0) and, where a row must see a key (Algorithm 5), fully masked rows are refused; zero rows give
 empty results. Distances are homogeneous of degree 1 in x, so they are computed on x / c, c a power of
 two per head (exact), and multiplied by c: finite for every finite x. The underscore functions skip
-validation; ``attn_utils.experiments`` validates once per layer and calls them.
+validation; ``attn_utils.mathematics.algorithms`` validates once per layer and calls them.
 """
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ import math
 
 import torch
 
-from attn_utils.theory import SUM_ATOL, _unit_scale
-from attn_utils.validation import (
+from attn_utils.mathematics.theory import SUM_ATOL, _unit_scale
+from attn_utils.mathematics.validation import (
     as_tensor,
     check_choice,
     check_int,

@@ -1,7 +1,7 @@
 """The autograder: execute submitted notebooks in child processes under a time limit and score each exercise.
 
 :func:`grade` runs each submission with papermill in a process of its own (killed with its kernel at
-the time limit), lets :func:`attn_utils.classroom.report` run the checks inside the submission's kernel,
+the time limit), lets :func:`attn_utils.classroom.exercises.report` run the checks inside the submission's kernel,
 and writes a CSV with a score and feedback per student and exercise. Submission code never runs in the
 grader's process. A submission that is not a notebook, whose chapter is unknown, that lost cells,
 crashes outside its exercise cells or runs out of time scores zero with the reason.
@@ -25,9 +25,9 @@ import jupytext
 import nbformat
 import psutil
 
-from . import runlog
-from .classroom import GRADE_OUT_ENV, exercise_notebooks, exercises_of
-from .student import CELL_KEY, CHECK_TAG, EXERCISE_TAG, METADATA_KEY, per_notebook
+from attn_utils.book import runlog
+from attn_utils.classroom.exercises import GRADE_OUT_ENV, exercise_notebooks, exercises_of
+from attn_utils.classroom.student import CELL_KEY, CHECK_TAG, EXERCISE_TAG, METADATA_KEY, per_notebook
 
 __all__ = ["Grade", "grade"]
 
@@ -50,8 +50,8 @@ class Grade:
 
 GRADING_CELL = """\
 # Added by the grader: run the checks of every coding exercise in this kernel.
-from attn_utils import classroom
-classroom.report({notebook!r}, globals())"""
+from attn_utils.classroom import exercises
+exercises.report({notebook!r}, globals())"""
 
 
 def _student_name(path: Path) -> str:

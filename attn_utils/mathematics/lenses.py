@@ -2,7 +2,7 @@
 
 The paper (arXiv 2508.17821) closes by pointing at sparsemax and 1.5-entmax, scalable softmax (SSMax) and
 self-adjust softmax (SA-softmax) as remedies, without measuring them. This module holds what the chapter
-needs to measure them with the paper's own lenses, for every normalizer of :mod:`attn_utils.normalizers`:
+needs to measure them with the paper's own lenses, for every normalizer of :mod:`attn_utils.mathematics.normalizers`:
 
 * **Lemma 1** (vanishing weights): :func:`row_stats` (largest and smallest weight magnitude, mass and
   support of each row), :func:`lemma1_envelope` (the band every weight of a row with logits in [-a, a]
@@ -18,7 +18,7 @@ needs to measure them with the paper's own lenses, for every normalizer of :mod:
   indicator behind ``metrics.separability``), :func:`coverage` (keys covered by at least one head, the
   prediction under independence and a permutation null) and :func:`head_association` (pairwise phi).
 
-Layouts follow :mod:`attn_utils.metrics`: weights and logits ``(..., R, L)``, vectors ``(..., L, d)``, a
+Layouts follow :mod:`attn_utils.mathematics.metrics`: weights and logits ``(..., R, L)``, vectors ``(..., L, d)``, a
 boolean ``mask`` broadcastable to the weights (``True`` = key visible). Public functions validate their
 input and raise ``ValueError`` naming the parameter.
 """
@@ -30,8 +30,8 @@ from typing import NamedTuple
 import torch
 from scipy.stats import chi2
 
-from attn_utils import metrics, normalizers
-from attn_utils.validation import as_tensor, check_choice, check_int, check_positive
+from attn_utils.mathematics import metrics, normalizers
+from attn_utils.mathematics.validation import as_tensor, check_choice, check_int, check_positive
 
 __all__ = [
     "KIND",

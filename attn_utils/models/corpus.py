@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from attn_utils.validation import check_int
+from attn_utils.mathematics.validation import check_int
 
 WAR_AND_PEACE = "War and Peace (Project Gutenberg #2600)"
 WAR_AND_PEACE_DATA = Path(__file__).resolve().parent / "data" / "pg2600.txt.xz"

@@ -2,8 +2,8 @@
 
 :func:`student_copies` writes, for each notebook with a coding exercise, an ``.ipynb`` and its paired
 ``.py`` in which each cell tagged ``solution`` keeps only its functions' signatures and docstrings
-(with a hint from :data:`attn_utils.classroom.EXERCISES`), and the solution prose is gone. The copies
-carry the metadata the grader (:mod:`attn_utils.grading`) uses to recognise a chapter and deleted cells.
+(with a hint from :data:`attn_utils.classroom.exercises.EXERCISES`), and the solution prose is gone. The copies
+carry the metadata the grader (:mod:`attn_utils.classroom.grading`) uses to recognise a chapter and deleted cells.
 """
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from typing import Any
 import jupytext
 import nbformat
 
-from . import execute
-from .classroom import EXERCISES, exercise_notebooks, exercises_of
-from .params import validate
+from attn_utils.book import build
+from attn_utils.classroom.exercises import EXERCISES, exercise_notebooks, exercises_of
+from attn_utils.book.params import validate
 
 __all__ = ["per_notebook", "student_copies", "student_notebook"]
 
@@ -50,7 +50,7 @@ uses them, and a notebook with a deleted code cell scores zero. Hand in the `.ip
 
 def per_notebook(parameters: Mapping[str, Any], stems: Iterable[str]) -> dict[str, dict[str, Any]]:
     """Validate ``parameters`` and give each notebook those it declares; a parameter none declares is an error."""
-    declared = {stem: execute.notebook_parameters(execute.NOTEBOOK_DIR / f"{stem}.py") for stem in stems}
+    declared = {stem: build.notebook_parameters(build.NOTEBOOK_DIR / f"{stem}.py") for stem in stems}
     known = set().union(*declared.values())
     unknown = sorted(set(parameters) - known)
     if unknown:
@@ -181,7 +181,7 @@ def student_copies(out_dir: Path, notebooks: Iterable[str] | None = None,
     ``parameters`` (validated first) become the copies' defaults, e.g. ``{"model": "gpt2-random", "L": 64}``
     for fast classroom runs; each notebook takes those it declares.
     """
-    stems = [execute.resolve_notebook(n).stem for n in notebooks] if notebooks else exercise_notebooks()
+    stems = [build.resolve_notebook(n).stem for n in notebooks] if notebooks else exercise_notebooks()
     without = [s for s in stems if s not in exercise_notebooks()]
     if without:
         raise ValueError(f"notebook {without[0]!r} has no coding exercise; notebooks with exercises: "
@@ -191,7 +191,7 @@ def student_copies(out_dir: Path, notebooks: Iterable[str] | None = None,
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for stem in stems:
-        nb = student_notebook(execute.NOTEBOOK_DIR / f"{stem}.py", defaults[stem])
+        nb = student_notebook(build.NOTEBOOK_DIR / f"{stem}.py", defaults[stem])
         nbformat.write(nb, out_dir / f"{stem}.ipynb")
         jupytext.write(nb, out_dir / f"{stem}.py", fmt="py:percent")
         written.append(out_dir / f"{stem}.ipynb")

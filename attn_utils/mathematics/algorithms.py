@@ -21,10 +21,9 @@ import torch
 from scipy.stats import ks_2samp
 from tqdm.auto import tqdm
 
-from attn_utils import metrics, theory
-from attn_utils.normalizers import causal_mask
-from attn_utils import runlog
-from attn_utils.validation import as_tensor, check_choice, check_int, check_positive, check_rows_sum_to_one
+from attn_utils.mathematics import metrics, theory
+from attn_utils.mathematics.normalizers import causal_mask
+from attn_utils.mathematics.validation import as_tensor, check_choice, check_int, check_positive, check_rows_sum_to_one
 
 __all__ = [
     "CriticalN",
@@ -182,7 +181,6 @@ def _distance_table(weights, x, pairs, mask, reading, with_bound, progress, desc
     return _concat(frames, ["L", "N"])
 
 
-@runlog.timed("Algorithm 1")
 def distance_vs_length(weights, x, N: int = 5, lengths=(32, 64, 128, 256, 512, 1024), mask=None,
                        reading: str = "sum_of_norms", progress: bool = True) -> pd.DataFrame:
     """Algorithm 1 (Fig. 2a): distance statistics at fixed N for growing context length L.
@@ -202,7 +200,6 @@ def distance_vs_length(weights, x, N: int = 5, lengths=(32, 64, 128, 256, 512, 1
     return _distance_table(weights, x, [(L, N) for L in lengths], mask, reading, True, progress, "Algorithm 1")
 
 
-@runlog.timed("Algorithm 2")
 def distance_vs_n(weights, x, Ns=(1, 5, 10, 20, 100), L: int | None = None, mask=None,
                   reading: str = "sum_of_norms", progress: bool = True) -> pd.DataFrame:
     """Algorithm 2 (Fig. 2b): distance statistics at fixed L (default: all keys) for growing N.
@@ -216,7 +213,6 @@ def distance_vs_n(weights, x, Ns=(1, 5, 10, 20, 100), L: int | None = None, mask
     return _distance_table(weights, x, [(L, N) for N in Ns], mask, reading, True, progress, "Algorithm 2")
 
 
-@runlog.timed("Algorithm 3")
 def critical_n(weights, x, lengths, Ns, alpha: float = 0.01, mask=None, reading: str = "sum_of_norms",
                progress: bool = True) -> CriticalN:
     """Algorithm 3 (Fig. 2c): the critical top-N per context length L, by a two-sample KS test.
@@ -259,7 +255,6 @@ def critical_n(weights, x, lengths, Ns, alpha: float = 0.01, mask=None, reading:
 # --- Algorithm 4: separability --------------------------------------------------------------------------
 
 
-@runlog.timed("Algorithm 4")
 def separability_vs_n(weights, x, Ns=(1, 2, 4, 8, 16, 32, 64, 100), M: float = 1.0, L: int | None = None,
                       mask=None, progress: bool = True) -> pd.DataFrame:
     """Algorithm 4 (Fig. 3): separability N_s / N and the bounds of Theorem 2, for growing N.
@@ -304,7 +299,6 @@ def separability_vs_n(weights, x, Ns=(1, 2, 4, 8, 16, 32, 64, 100), M: float = 1
 # --- Algorithm 5: gradient sensitivity ---------------------------------------------------------------
 
 
-@runlog.timed("Algorithm 5")
 def gradient_sensitivity(logits, Ts, epsilons=(1e-3, 1e-1, 10), mask=None, seed: int = 0,
                          progress: bool = True) -> GradientSensitivity:
     """Algorithm 5 (Fig. 4): the finite-difference Jacobian norm g(T, eps), NOTES §3.4.

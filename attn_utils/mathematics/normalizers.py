@@ -21,7 +21,7 @@ import torch
 from entmax import entmax15 as _entmax15
 from entmax import sparsemax as _sparsemax
 
-from attn_utils.validation import as_tensor, broadcasts_to, check_choice, check_finite, check_int, check_positive
+from attn_utils.mathematics.validation import as_tensor, broadcasts_to, check_choice, check_finite, check_int, check_positive
 
 __all__ = [
     "NORMALIZERS",

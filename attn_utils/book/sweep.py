@@ -14,7 +14,7 @@ from typing import Any
 
 import nbformat
 
-from .execute import NotebookFailed, check_parameters, execute_notebook
+from attn_utils.book.build import NotebookFailed, check_parameters, execute_notebook
 
 
 def run_slug(parameters: dict[str, Any]) -> str:

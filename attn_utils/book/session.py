@@ -1,8 +1,8 @@
 """What every model experiment of the book starts from: a model, a window of the corpus, a provenance record.
 
-``Session.open(model=..., corpus=..., L=...)`` loads the model (``attn_utils.models``), cuts the window
-(``attn_utils.corpus``), starts the provenance clock, and then captures attention layer by layer
-(``attn_utils.capture``) in the form the paper's algorithms take: ``(layers, heads, L, L)`` weights and
+``Session.open(model=..., corpus=..., L=...)`` loads the model (``attn_utils.models.loading``), cuts the window
+(``attn_utils.models.corpus``), starts the provenance clock, and then captures attention layer by layer
+(``attn_utils.models.capture``) in the form the paper's algorithms take: ``(layers, heads, L, L)`` weights and
 logits, ``(layers, heads, L, d)`` vectors.
 """
 from __future__ import annotations
@@ -12,12 +12,12 @@ from typing import Iterable
 
 import torch
 
-from . import runlog
-from .capture import AttentionCapture, LayerCapture, capture_all
-from .corpus import Corpus, load_text, token_windows
-from .models import load_model
-from .params import validate
-from .provenance import Provenance
+from attn_utils.book import runlog
+from attn_utils.models.capture import AttentionCapture, LayerCapture, capture_all
+from attn_utils.models.corpus import Corpus, load_text, token_windows
+from attn_utils.models.loading import load_model
+from attn_utils.book.params import validate
+from attn_utils.models.provenance import Provenance
 
 VECTOR_FIELD = {"value": "v", "key": "k", "query": "q"}
 
@@ -90,7 +90,7 @@ class Session:
 
     def capture(self, *, layers: int | Iterable[int] | None = None, what: Iterable[str] = ("weights",),
                 dtype: torch.dtype = torch.float32) -> AttentionCapture:
-        """Capture ``what`` (fields of :data:`attn_utils.capture.FIELDS`) for ``layers`` (default all), stacked."""
+        """Capture ``what`` (fields of :data:`attn_utils.models.capture.FIELDS`) for ``layers`` (default all), stacked."""
         return capture_all(self.model, self.input_ids, layers=layers, dtype=dtype, what=what)
 
     def capture_layer(self, layer: int, *, what: Iterable[str] = ("weights",),

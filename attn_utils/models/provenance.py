@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-LOCK_FILE = Path(__file__).resolve().parents[1] / "requirements.txt"
+LOCK_FILE = Path(__file__).resolve().parents[2] / "requirements.txt"
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;#]+)", re.M)
 
 
@@ -79,7 +79,7 @@ class Provenance:
     _t0: float | None = field(default=None, repr=False, compare=False)
 
     def add_corpus(self, corpus, *, L: int | None = None, offset: int = 0, n_windows: int = 1) -> Provenance:
-        """Record a :class:`attn_utils.corpus.Corpus` and, if ``L`` is given, the offsets of its token windows."""
+        """Record a :class:`attn_utils.models.corpus.Corpus` and, if ``L`` is given, the offsets of its token windows."""
         self.corpus, self.corpus_sha256, self.chapters = corpus.name, corpus.sha256, corpus.chapters
         if L is not None:
             self.L = L

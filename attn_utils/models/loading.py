@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from attn_utils.corpus import sha256_file
-from attn_utils.provenance import Provenance
+from attn_utils.models.corpus import sha256_file
+from attn_utils.models.provenance import Provenance
 
 HUB_TIMEOUT_S = 10
 HUB_MODELS = {

@@ -21,7 +21,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
-from attn_utils.models import context_length
+from attn_utils.models.loading import context_length
 
 CAPTURE_IMPLEMENTATION = "attn_companion_capture"
 FIELDS = ("q", "k", "v", "logits", "weights", "mask")

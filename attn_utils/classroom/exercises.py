@@ -4,7 +4,7 @@
 functions with references built on ``attn_utils`` and, when they disagree, raises :class:`CheckFailed`
 with a hint that names the likely mistake; :func:`evaluate` does the same without raising and returns a
 :class:`Result` with a score; :func:`report` runs them for the grader inside a submission's kernel.
-The student copies are written by :mod:`attn_utils.student`, the grading by :mod:`attn_utils.grading`
+The student copies are written by :mod:`attn_utils.classroom.student`, the grading by :mod:`attn_utils.classroom.grading`
 (``book/teachers.md`` tells the whole workflow).
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from . import metrics, normalizers, theory
+from attn_utils.mathematics import metrics, normalizers, theory
 
 __all__ = ["EXERCISES", "CheckFailed", "Exercise", "Result", "check", "evaluate", "exercise_notebooks",
            "exercises_of", "report"]
