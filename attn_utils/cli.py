@@ -4,9 +4,13 @@
     attn-companion run NOTEBOOK [-p NAME VALUE ...]         execute one notebook into runs/
     attn-companion sweep NOTEBOOK -p NAME v1,v2 ... [--jobs K]   every combination, in parallel
     attn-companion params [NOTEBOOK]                        list the parameters and what they accept
-    attn-companion student --out DIR [NOTEBOOK ...] [-p NAME VALUE ...]   student copies of the exercises
-    attn-companion grade SUBMISSION ... [--out grades.csv] [--time-limit S] [-p NAME VALUE ...]
+    attn-companion student --out COURSE [NOTEBOOK ...] [-p NAME VALUE ...] [--time-limit S] [--exercises-only]
+                                                            an nbgrader course of the exercises
+    attn-companion grade --course COURSE [SUBMISSION ...] [--out grades.csv] [--time-limit S]   grade with nbgrader
     attn-companion corpus [--refresh]                       check the shipped War and Peace (or download it again)
+
+Before any notebook runs, every command that runs or writes notebooks checks each notebook's parameters with its
+defaults filled in, the rules between them, the model's context and the corpus (attn_utils.book.build.preflight).
 """
 from __future__ import annotations
 
@@ -20,8 +24,8 @@ from pathlib import Path
 
 from attn_utils.book import build, sweep
 
-from attn_utils.classroom import grading, student
-from attn_utils.book.params import SPECS
+from attn_utils.book.params import describe
+from attn_utils.classroom import exercises, grading, student
 
 
 def _parameters(pairs: list[list[str]] | None, *, multi: bool = False) -> dict:
@@ -71,15 +75,12 @@ def _check_out(path: Path) -> None:
         raise ValueError(f"--out {path}: {existing} is not writable")
 
 
-def _announce_model(parameters: dict, notebooks: list[Path]) -> None:
-    """One line on the terminal saying which model ``model='auto'`` takes and why, before anything runs."""
-    declared = [build.notebook_parameters(nb).get("model") for nb in notebooks]
-    if parameters.get("model", next((m for m in declared if m is not None), None)) != "auto":
-        return
-    from attn_utils.models.loading import choose_auto
-
-    name, why = choose_auto()
-    print(f"model 'auto' -> {name}: {why}", flush=True)
+def _preflight_exercises(notebooks: list[str], parameters: dict) -> None:
+    """:func:`attn_utils.book.build.preflight` for the chapters of a course (``notebooks``, default: every one with
+    an exercise) with ``parameters``, the values their read-only parameters cells will hold."""
+    stems = [build.resolve_notebook(n).stem for n in notebooks] or exercises.exercise_notebooks()
+    own = student.per_notebook(parameters, stems)
+    build.preflight([(build.NOTEBOOK_DIR / f"{stem}.py", own[stem]) for stem in stems])
 
 
 def _corpus(refresh: bool) -> str:
@@ -95,13 +96,15 @@ def _corpus(refresh: bool) -> str:
 def _print_params(notebook: str | None) -> None:
     sources = [build.resolve_notebook(notebook)] if notebook else sorted(build.NOTEBOOK_DIR.glob("*.py"))
     for src in sources:
-        print(f"{src.stem}:")
-        for name, default in build.notebook_parameters(src).items():
-            spec = SPECS.get(name)
-            print(f"  {name} = {default!r}    # {spec.doc if spec else ''}; allowed: {spec.allowed if spec else '?'}")
+        defaults = build.notebook_parameters(src)
+        print(f"{src.stem}:" + ("" if defaults else " no parameters"))
+        if defaults:
+            print(describe(defaults))
+    print("A value passed with -p replaces the default; every value and rule is checked before any notebook runs.")
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``attn-companion``."""
     parser = argparse.ArgumentParser(prog="attn-companion", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -111,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="parameters in one string, split like a shell line (make book PARAMS=...)")
     p_book.add_argument("--out", type=Path, default=build.ROOT / "_build" / "html",
                         help="HTML folder (default _build/html)")
+    p_book.add_argument("--repository", default=None, metavar="https://github.com/OWNER/NAME",
+                        help="the public repository: turns on the repository, Binder and Colab buttons "
+                             "(default $ATTN_COMPANION_REPOSITORY; without it they are not shown)")
     p_run = sub.add_parser("run", help="execute one notebook with parameters")
     p_run.add_argument("notebook")
     p_run.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"))
@@ -120,24 +126,36 @@ def main(argv: list[str] | None = None) -> int:
     p_sweep.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "V1,V2,..."))
     p_sweep.add_argument("--jobs", type=int, default=1, help="notebooks executed at once (default 1)")
     p_sweep.add_argument("--out", type=Path, default=Path("runs"), help="output folder (default runs/)")
-    p_params = sub.add_parser("params", help="list the notebooks' parameters")
+    p_params = sub.add_parser("params", help="list the notebooks' parameters, what they accept, the rules between them")
     p_params.add_argument("notebook", nargs="?")
-    p_student = sub.add_parser("student", help="write student copies: solutions replaced by stubs")
+    p_student = sub.add_parser("student", help="write an nbgrader course of the exercises: source/ with solutions "
+                                               "and hidden tests, release/ for the students")
     p_student.add_argument("notebooks", nargs="*", metavar="NOTEBOOK", help="default: every notebook with exercises")
-    p_student.add_argument("--out", type=Path, required=True, help="folder of the student copies")
+    p_student.add_argument("--out", type=Path, required=True, help="the course folder (new, or one written before)")
     p_student.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"),
-                           help="a default written into the copies (e.g. -p model gpt2-random)")
-    p_grade = sub.add_parser("grade", help="execute submitted notebooks and grade their exercises")
-    p_grade.add_argument("submissions", nargs="+", type=Path, metavar="SUBMISSION")
+                           help="a default written into the notebooks (e.g. -p model gpt2-random)")
+    p_student.add_argument("--time-limit", type=float, default=student.DEFAULT_TIME_LIMIT,
+                           help=f"seconds one cell may run when it is graded (default {student.DEFAULT_TIME_LIMIT:g}; "
+                                f"the chapter's read-only cells get at least 600)")
+    p_student.add_argument("--exercises-only", action="store_true",
+                           help="notebooks with the chapters' exercises only (no model: graded in seconds)")
+    p_grade = sub.add_parser("grade", help="grade submitted notebooks with nbgrader (autograde, feedback, export)")
+    p_grade.add_argument("--course", type=Path, required=True, help="the course folder written by `student`")
+    p_grade.add_argument("submissions", nargs="*", type=Path, metavar="SUBMISSION",
+                         help="submitted files, in folders named after the students (default: what nbgrader "
+                              "collect put in the course's submitted/)")
     p_grade.add_argument("--out", type=Path, default=Path("grades.csv"), help="grades CSV (default grades.csv)")
-    p_grade.add_argument("--time-limit", type=float, default=600.0,
-                         help="seconds one submission may run before it is stopped (default 600)")
-    p_grade.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"))
+    p_grade.add_argument("--time-limit", type=float, default=None,
+                         help="seconds one cell may run (default: the course's, from nbgrader_config.py)")
     p_corpus = sub.add_parser("corpus", help="check the shipped War and Peace against its pinned sha256")
     p_corpus.add_argument("--refresh", action="store_true",
                           help="download pg2600.txt from Project Gutenberg and rewrite the shipped copy if its "
                                "sha256 is the pinned one")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
 
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops like Ctrl-C
     try:
@@ -145,12 +163,10 @@ def main(argv: list[str] | None = None) -> int:
             _check_out(args.out)
         if args.command == "book":
             parameters = {**_params_line(args.params), **_parameters(args.parameter)}
-            _announce_model(parameters, build.book_notebooks())
-            result = build.build_book(parameters, out=args.out)
+            result = build.build_book(parameters, out=args.out, repository=args.repository)
             print(f"book written to {result.html / 'index.html'}")
         elif args.command == "run":
             src = build.resolve_notebook(args.notebook)
-            _announce_model(_parameters(args.parameter), [src])
             out = sweep.run_one(src, _parameters(args.parameter), args.out)
             print(f"executed notebook: {out}")
         elif args.command == "sweep":
@@ -158,13 +174,16 @@ def main(argv: list[str] | None = None) -> int:
             index = sweep.sweep(src, _parameters(args.parameter, multi=True), args.out, jobs=args.jobs)
             print(f"sweep index: {index}")
         elif args.command == "student":
-            written = student.student_copies(args.out, args.notebooks, _parameters(args.parameter))
-            print(f"{len(written)} student copies written to {args.out}")
+            if not args.exercises_only:  # notebooks of exercises only run no chapter code
+                _preflight_exercises(args.notebooks, _parameters(args.parameter))
+            released = student.write_course(args.out, args.notebooks, _parameters(args.parameter),
+                                            time_limit=args.time_limit, exercises_only=args.exercises_only)
+            print(f"nbgrader course written to {args.out}: {len(released)} assignment(s); hand out "
+                  f"{args.out / 'release'}, keep {args.out / 'source'} (solutions, hidden tests)")
         elif args.command == "corpus":
             print(_corpus(args.refresh))
         elif args.command == "grade":
-            grading.grade(args.submissions, args.out, time_limit=args.time_limit,
-                            parameters=_parameters(args.parameter))
+            grading.grade(args.course, args.submissions or None, args.out, time_limit=args.time_limit)
         else:
             _print_params(args.notebook)
     except (ValueError, build.NotebookFailed, RuntimeError) as exc:

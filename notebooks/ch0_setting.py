@@ -18,6 +18,17 @@
 # the rule that produces them from logits, and the alternatives to softmax that the paper's closing
 # section points at {cite}`mudarisov2025limitations`. At the end we load the pretrained model that the
 # whole book measures and look at one of its attention maps on *War and Peace*.
+#
+# **What you will learn**
+#
+# - how attention turns logits into weights (softmax with a temperature, and the general rule of the
+#   paper's Eq. (3));
+# - how the alternatives to softmax that the paper proposes differ on one row of logits: exact zeros,
+#   mass left unassigned, weights that are not a distribution;
+# - what a causal language model's attention rows look like, and the notation of the whole book.
+#
+# **What it assumes**: linear algebra (vectors, norms, matrices) and some familiarity with the
+# transformer's attention; no probability beyond expectations.
 
 # %% tags=["parameters"]
 # Parameters (papermill). Every one is checked in the next cell.
@@ -35,16 +46,14 @@ validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed
 
 # %% tags=["hide-input"]
 import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
-import seaborn as sns
 import torch
-from myst_nb import glue
-
-from attn_utils.mathematics import normalizers
 
 from attn_utils.book import figures
+from attn_utils.book.chapters import setting
+from attn_utils.book.formatting import glue_values
 from attn_utils.book.session import Session
+from attn_utils.mathematics import normalizers
 
 figures.set_style()
 
@@ -108,30 +117,19 @@ figures.set_style()
 
 # %%
 logits = torch.randn(12, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)) * 2
-names = ["softmax", "sparsemax", "entmax15", "ssmax", "softmax1", "self_adjust"]
-rows = []
-for T in (1.0, 0.25):
-    for name in names:
-        w = normalizers.normalize(logits, name, T=T)
-        rows += [{"normalizer": name, "T": T, "key": i, "weight": float(w[i])} for i in range(len(w))]
-weights = pd.DataFrame(rows)
-summary = weights.groupby(["normalizer", "T"]).weight.agg(total="sum", largest="max",
-                                                          nonzero=lambda w: int((w != 0).sum()))
+weights = setting.weights_table(logits, Ts=(1.0, 0.25))
+summary = setting.weights_summary(weights)
 summary
 
 # %% tags=["hide-input"]
-grid = sns.catplot(data=weights, x="key", y="weight", hue="T", col="normalizer", col_wrap=3, kind="bar",
-                   height=2.2, aspect=1.4, palette=figures.PALETTE, col_order=names)
-grid.set_titles("{col_name}")
-grid.figure.suptitle("One row of 12 synthetic logits under each normalizer (synthetic data, no model)", y=1.03)
-plt.show()
+plt.show(setting.weights_figure(weights))
 
-# %%
-glue("sparsemax_support", int(summary.loc[("sparsemax", 1.0), "nonzero"]), display=False)
-glue("entmax_support", int(summary.loc[("entmax15", 1.0), "nonzero"]), display=False)
-glue("softmax1_total", f"{summary.loc[('softmax1', 1.0), 'total']:.3f}", display=False)
-glue("softmax_largest_T1", f"{summary.loc[('softmax', 1.0), 'largest']:.3f}", display=False)
-glue("softmax_largest_T025", f"{summary.loc[('softmax', 0.25), 'largest']:.3f}", display=False)
+# %% tags=["remove-cell"]
+glue_values({"sparsemax_support": summary.loc[("sparsemax", 1.0), "nonzero"],
+             "entmax_support": summary.loc[("entmax15", 1.0), "nonzero"],
+             "softmax1_total": summary.loc[("softmax1", 1.0), "total"],
+             "softmax_largest_T1": summary.loc[("softmax", 1.0), "largest"],
+             "softmax_largest_T025": summary.loc[("softmax", 0.25), "largest"]})
 
 # %% [markdown]
 # At $T=1$ the softmax gives every key some weight, its largest being
@@ -169,40 +167,18 @@ glue("softmax_largest_T025", f"{summary.loc[('softmax', 0.25), 'largest']:.3f}",
 
 # %%
 session = Session.open(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed)
-glue("model_name", session.name, display=False)
-glue("model_description", session.description, display=False)
-glue("model_choice", session.choice, display=False)
 pd.Series(session.summary(), name="value").to_frame()
 
-# %% [markdown]
-# The measured model is **{glue:text}`model_name`**: {glue:text}`model_description`.
-# {glue:text}`model_choice`
-#
-# Here is the attention of its first layer on the first {glue:text}`L_shown` tokens of the window.
-# Each row is a query; it can only look left (causal mask), and its weights sum to one.
-
 # %%
-layer = session.capture_layer(0)
-weights0 = layer.weights[0]  # (heads, L, L)
-row_error = float((weights0.sum(-1) - 1).abs().max())
-upper = float(weights0.triu(1).abs().max())
-first_key = float(weights0[:, 1:, 0].mean())
-glue("L_shown", int(weights0.shape[-1]), display=False)
-glue("row_error", f"{row_error:.1e}", display=False)
-glue("upper_max", f"{upper:.1e}", display=False)
-glue("first_key_share", f"{first_key:.2f}", display=False)
-glue("n_heads", int(weights0.shape[0]), display=False)
+weights0 = session.capture_layer(0).weights[0]  # (heads, L, L)
+checks = setting.layer_checks(weights0)
+
+# %% tags=["remove-cell"]
+glue_values({"model_name": session.name, "model_description": session.description, "model_choice": session.choice,
+             **checks}, digits=2)
 
 # %% tags=["hide-input"]
-shown = min(4, weights0.shape[0])
-fig, axes = plt.subplots(1, shown, figsize=(3.2 * shown, 3.2))
-for h, ax in enumerate(np.atleast_1d(axes)):
-    sns.heatmap(weights0[h].float().numpy(), ax=ax, cmap="mako_r", vmin=0, vmax=1, cbar=h == shown - 1,
-                square=True, xticklabels=False, yticklabels=False)
-    ax.set_title(f"layer 0, head {h}")
-    ax.set_xlabel("key"); ax.set_ylabel("query")
-figures.model_title(fig, f"Attention weights on War and Peace, first {weights0.shape[-1]} tokens", session.name)
-plt.show()
+plt.show(setting.heatmaps(weights0, session.name))
 
 # %% [markdown]
 # The captured rows sum to one up to {glue:text}`row_error` and the weights above the diagonal are
@@ -217,6 +193,15 @@ plt.show()
 # ({doc}`ch2_distance`), how many of them remain distinguishable ({doc}`ch3_separability`), and how
 # violently the row reacts to a small change of its logits ({doc}`ch4_gradient`).
 # ```
+#
+# ## Key takeaways
+#
+# - Every normalizer in this book maps a row of logits to weights; softmax's weights are positive and
+#   sum to one, and a lower temperature sharpens them (the largest weight of the example row went
+#   from {glue:text}`softmax_largest_T1` to {glue:text}`softmax_largest_T025`).
+# - Sparse rules put exact zeros on most keys ({glue:text}`sparsemax_support` of 12 survive sparsemax);
+#   softmax-1 and self-adjust softmax do not even return a distribution.
+# - In a causal model, query row $t$ sees $t$ keys, so its length is $t$, not the window's.
 #
 # ## Provenance
 

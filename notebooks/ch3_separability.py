@@ -23,6 +23,22 @@
 # off at 70–85 %. We define the objects, draw the paper's Figure 1 from our own random data, prove
 # what can be proved, show where the reconstructed statement breaks, check everything on synthetic
 # spheres, and measure the fraction on every head of a pretrained model (the paper's Figure 3).
+#
+# **What you will learn**
+#
+# * what it means for a selected token to be *geometrically distinguishable*, and how to count them ($N_s$);
+# * which half of the paper's Theorem 2 can be proved (the lower bound, through a spread lemma) and why the
+#   other half, the exponential "upper bound", is false in general (a counterexample, and violations on
+#   random spheres and on a pretrained model);
+# * how the separability fraction $N_s/N$ of a pretrained model's heads behaves as $N$ grows (the paper's
+#   Figure 3), and what the Discussion's multi-head arithmetic assumes.
+#
+# **What it assumes**
+#
+# * the top-$N$ set $I_N$ and the context vector $s$ of {doc}`ch0_setting`, and the distances of {doc}`ch2_distance`;
+# * Euclidean geometry (the polarization identity $\langle x,y\rangle=\tfrac12(\|x\|^2+\|y\|^2-\|x-y\|^2)$);
+# * Markov's and Hoeffding's inequalities, for the discussion of the proof sketch;
+# * reading PyTorch and pandas code.
 
 # %% tags=["parameters"]
 # Parameters (papermill). Every one is checked in the next cell.
@@ -41,37 +57,24 @@ n_trials = 100            # synthetic instances (embeddings + 4 query rows) per 
 # %%
 from attn_utils.book.params import validate
 
-validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed, Ns=Ns, M=M,
-         vectors=vectors, sigmas=sigmas, n_trials=n_trials)
+Ns = validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed, Ns=Ns, M=M,
+              vectors=vectors, sigmas=sigmas, n_trials=n_trials).Ns  # values of Ns not below L are dropped
 
 # %% tags=["hide-input"]
 import time
 
 import matplotlib.pyplot as plt
-from matplotlib.patches import Patch
-import numpy as np
 import pandas as pd
-import seaborn as sns
 import torch
-from myst_nb import glue
 
-from attn_utils.mathematics import algorithms, metrics, normalizers, theory
-
-from attn_utils.book import figures, runlog
-from attn_utils.book.claims import Claim, record
-from attn_utils.book.session import Session
+from attn_utils.book import claims, figures, runlog
+from attn_utils.book.chapters import separability
+from attn_utils.book.formatting import glue_values
+from attn_utils.book.session import VECTOR_FIELD, Session
+from attn_utils.mathematics import algorithms, metrics, theory
 
 figures.set_style()
 F64 = torch.float64
-CHAPTER = "ch3_separability"
-TOL = 1e-12               # slack allowed to rounding when a proven inequality is checked in float64
-MODEL_TOL = 1e-9          # the same on model rows (float32 weights renormalized in float64)
-GREEN = sns.color_palette(figures.PALETTE)[2]
-RED = sns.color_palette(figures.PALETTE)[3]
-BLUE = sns.color_palette(figures.PALETTE)[0]
-Ns = [N for N in Ns if N < L]  # a top-N set needs at least one non-selected key
-if not Ns:
-    raise ValueError(f"parameter Ns must hold at least one value below L = {L}")
 _t_start = time.time()
 
 # %% [markdown]
@@ -102,7 +105,7 @@ _t_start = time.time()
 # ```
 #
 # The wording of the definition is the paper's; its display formula was lost in every copy we could
-# read, so the indicator form above is **our reconstruction** from that wording (NOTES §1.3). One
+# read, so the indicator form above is **our reconstruction** from that wording ({ref}`sources-theorem2`). One
 # identity is used throughout: for $i\in I_N$ the distance of $\alpha_i x_i$ from the centre is the
 # length of what the *other* selected tokens contribute,
 #
@@ -135,68 +138,13 @@ _t_start = time.time()
 # {glue:text}`fig1_N` tokens selected.
 
 # %%
-FIG1_L, FIG1_N, FIG1_SIGMA = 12, 4, 1.5  # tokens, top-N size and logit scale of the 2-D illustration
-gen1 = torch.Generator().manual_seed(seed)
-angle = 2 * torch.pi * torch.rand(FIG1_L, generator=gen1, dtype=F64)
-x2 = M * torch.stack([angle.cos(), angle.sin()], dim=-1)                      # (L, 2) on the circle
-w2 = torch.softmax(FIG1_SIGMA * torch.randn(1, FIG1_L, generator=gen1, dtype=F64), dim=-1)
-sel2, _ = metrics.top_n_mask(w2, FIG1_N)
-ratio2, r2 = metrics.separability(w2, x2, FIG1_N, M=M)
-s2 = metrics.context_vector(w2, x2, sel2)[0]
-scaled2 = w2[0, :, None] * x2                                                 # alpha_i x_i
-dist2 = torch.linalg.vector_norm(scaled2 - s2, dim=-1)
-sel2, r2 = sel2[0].numpy(), float(r2[0])
-inside2 = sel2 & (dist2.numpy() < r2)
-nearest2 = int(torch.where(torch.from_numpy(~sel2), dist2, torch.inf).argmin())
-glue("fig1_L", FIG1_L, display=False)
-glue("fig1_N", FIG1_N, display=False)
-glue("fig1_sigma", f"{FIG1_SIGMA:g}", display=False)
-glue("fig1_Ns", int(inside2.sum()), display=False)
-glue("fig1_ratio", f"{float(ratio2[0]):.2f}", display=False)
-glue("fig1_r", f"{r2:.3f}", display=False)
-glue("fig1_top_weight", f"{float(w2.max()):.3f}", display=False)
-
-# %% tags=["hide-input"]
-fig, axes = plt.subplots(1, 3, figsize=(12.5, 4.6))
-circle = np.linspace(0, 2 * np.pi, 300)
-kw_sel = dict(c="m", marker="*", s=170, zorder=3)
-kw_rest = dict(c="k", s=18, zorder=3)
-xs2, sc2 = x2.numpy(), scaled2.numpy()
-ax = axes[0]
-ax.plot(M * np.cos(circle), M * np.sin(circle), color="0.7", lw=1)
-ax.scatter(*xs2[~sel2].T, label="non-selected", **kw_rest)
-ax.scatter(*xs2[sel2].T, label=f"top-{FIG1_N} (selected)", **kw_sel)
-ax.set_title(r"(a) embeddings $x_i$ on the circle $\|x\|=M$")
-ax = axes[1]
-ax.plot(M * np.cos(circle), M * np.sin(circle), color="0.88", lw=1)
-for i in range(FIG1_L):
-    ax.annotate("", xy=sc2[i], xytext=xs2[i], arrowprops=dict(arrowstyle="->", color="0.65", lw=0.7))
-ax.scatter(*sc2[~sel2].T, **kw_rest)
-ax.scatter(*sc2[sel2].T, **kw_sel)
-ax.set_title(r"(b) rescaled points $\alpha_i x_i$ move to the origin")
-ax = axes[2]
-ax.add_patch(plt.Circle(s2.numpy(), r2, facecolor=GREEN, alpha=0.18, edgecolor=GREEN, ls="--"))
-ax.plot(*np.stack([s2.numpy(), sc2[nearest2]]).T, color=GREEN, lw=1)
-ax.annotate("$r$", (s2.numpy() + sc2[nearest2]) / 2, textcoords="offset points", xytext=(4, 4), color=GREEN)
-ax.scatter(*sc2[~sel2].T, label="non-selected", **kw_rest)
-ax.scatter(*sc2[inside2].T, label="selected, distinguishable", **kw_sel)
-ax.scatter(*sc2[sel2 & ~inside2].T, facecolors="none", edgecolors="m", marker="*", s=170, zorder=3,
-           label="selected, outside the ball")
-ax.scatter(*s2.numpy(), color=BLUE, marker="X", s=90, zorder=4, label="context vector $s$")
-pts = np.vstack([sc2, s2.numpy()[None]])
-centre, half = (pts.max(0) + pts.min(0)) / 2, max(np.ptp(pts, axis=0).max() / 2, r2) * 1.15
-ax.set_xlim(centre[0] - half, centre[0] + half)
-ax.set_ylim(centre[1] - half, centre[1] + half)
-ax.set_title(r"(c) zoom: the selective ball $B_r(s)$")
-for ax in axes:
-    ax.set_aspect("equal")
-handles = [h for ax in (axes[0], axes[2]) for h in ax.get_legend_handles_labels()[0]]
-labels = [t for ax in (axes[0], axes[2]) for t in ax.get_legend_handles_labels()[1]]
-keep = [labels.index(t) for t in dict.fromkeys(labels)]
-fig.legend([handles[k] for k in keep], [labels[k] for k in keep], loc="lower center", ncol=5, frameon=False,
-           bbox_to_anchor=(0.5, -0.06))
-figures.model_title(fig, "Figure 1 redrawn: geometric separation in two dimensions", "synthetic data, no model")
+fig1 = separability.figure1_instance(seed, L=12, N=4, sigma=1.5, M=M)  # tokens, top-N size, logit scale
+separability.draw_figure1(fig1)
 plt.show()
+
+# %% tags=["remove-cell"]
+glue_values({"fig1_L": fig1.L, "fig1_N": fig1.N, "fig1_sigma": fig1.sigma, "fig1_Ns": int(fig1.inside.sum()),
+             "fig1_ratio": fig1.ratio, "fig1_r": fig1.r, "fig1_top_weight": fig1.weights.max()})
 
 # %% [markdown]
 # **Figure 1 (our data).** (a) The {glue:text}`fig1_L` tokens on the circle; magenta stars are the top
@@ -230,7 +178,7 @@ plt.show()
 #
 # In the experiments the paper enforces Assumption 1 by projecting, $x_i\mapsto M x_i/\|x_i\|$, and
 # makes Assumption 2 true by definition, setting $\delta$ to the empirical minimum pairwise distance
-# (NOTES §2). We do the same, per head. Note that $\delta\le 2M$ always, and that **uniformity plays no
+# ({ref}`sources-theorem2`). We do the same, per head. Note that $\delta\le 2M$ always, and that **uniformity plays no
 # role** in the statements proved below: they use only $\|x_i\|=M$ and the separation $\delta$.
 
 # %% [markdown]
@@ -241,7 +189,7 @@ plt.show()
 # (Hoeffding, Markov, Cauchy–Schwarz, and $\|x_i-x_j\|^2\ge\delta^2$) and the fact that $\xi_i$
 # measures how widely the other $N-1$ selected, rescaled embeddings spread around $x_i$ survive; **the
 # formulas of $\xi_i$ and of both bounds do not**. Everything in this section is **our reconstruction**
-# (NOTES §2, Theorem 2), implemented in `attn_utils.mathematics.theory.theorem2_xi` and `theorem2_bounds`.
+# ({ref}`sources-theorem2`), implemented in `attn_utils.mathematics.theory.theorem2_xi` and `theorem2_bounds`.
 #
 # ```{prf:lemma} The spread $\xi_i$ bounds $X_i$ (our reconstruction)
 # :label: ch3-lem-xi
@@ -333,33 +281,16 @@ plt.show()
 # makes this concrete with the counterexample constructed in `theory.theorem2_upper_counterexample`.
 
 # %%
-cx = theory.theorem2_upper_counterexample()
-cx_sel, _ = metrics.top_n_mask(cx.weights, cx.N)
-cx_ratio, cx_r = metrics.separability(cx.weights, cx.x, cx.N, M=cx.M)
-cx_bounds = theory.theorem2_bounds(cx.weights, cx_sel, cx_r, cx.M, cx.delta)
-cx_xi = theory.theorem2_xi(cx.weights, cx_sel, cx.M, cx.delta)[cx_sel]
-cx_s = metrics.context_vector(cx.weights, cx.x, cx_sel)[0]
-cx_X = torch.linalg.vector_norm(cx.weights[0, :, None] * cx.x - cx_s, dim=-1)[cx_sel[0]]
-cx_row = {"N": cx.N, "L": cx.x.shape[0], "d": cx.x.shape[1], "delta": cx.delta, "r": float(cx_r[0]),
-          "max_X": float(cx_X.max()), "min_xi": float(cx_xi.min()), "ratio": float(cx_ratio[0]),
-          "upper": float(cx_bounds.upper[0]), "lower": float(cx_bounds.lower[0])}
-cx_fails = cx_row["ratio"] > cx_row["upper"] + TOL
-assert cx_row["ratio"] >= cx_row["lower"] - TOL and bool((cx_X <= cx_xi + TOL).all())  # proven facts
-for key in ("delta", "r", "max_X", "min_xi", "ratio", "upper", "lower"):
-    glue(f"cx_{key}", f"{cx_row[key]:.3f}", display=False)
-for key in ("N", "L", "d"):
-    glue(f"cx_{key}", cx_row[key], display=False)
-glue("cx_compare", "below the measured value" if cx_fails else "not below the measured value", display=False)
-_ = record(Claim(key="ch3-thm2-upper-counterexample", chapter=CHAPTER,
-                 claim="Theorem 2 upper bound: N_s/N <= (1/N) sum_i exp(-(xi_i - r)_+^2 / (2 M^2)) (our reconstruction)",
-                 paper="holds under Assumptions 1-2 (Hoeffding step in the proof sketch)",
-                 ours=f"counterexample (N = {cx.N}, d = {cx_row['d']}, M = {cx.M:g}): measured N_s/N = "
-                      f"{cx_row['ratio']:.3f} > bound {cx_row['upper']:.3f}; r = {cx_row['r']:.3f}, "
-                      f"max X_i = {cx_row['max_X']:.3f}, min xi_i = {cx_row['min_xi']:.3f}",
-                 verdict="fails" if cx_fails else "holds", model="synthetic",
-                 note="verdict: fails iff the measured fraction exceeds the bound by more than 1e-12"))
+cx = separability.counterexample()
+cx_row = {k: cx[k] for k in ("N", "L", "d", "delta", "r", "max_X", "min_xi", "ratio", "upper", "lower")}
 pd.Series(cx_row, name="counterexample").rename({"max_X": "max X_i", "min_xi": "min xi_i", "ratio": "measured N_s/N",
                                                  "upper": "'upper bound'", "lower": "lower bound"}).to_frame()
+
+# %% tags=["remove-cell"]
+glue_values({f"cx_{k}": v for k, v in cx_row.items()})
+glue_values({"cx_compare": "below the measured value" if cx["fails"] else "not below the measured value"})
+claims.record("ch3-thm2-upper-counterexample", model="synthetic", **{k: cx[k] for k in (
+    "N", "d", "M", "ratio", "upper", "r", "max_X", "min_xi")})
 
 # %% [markdown]
 # In this instance ({glue:text}`cx_N` selected keys on a ring in $d=$ {glue:text}`cx_d`, one
@@ -378,153 +309,54 @@ pd.Series(cx_row, name="counterexample").rename({"max_X": "max X_i", "min_xi": "
 # query rows of softmax weights of $N(0,\sigma^2)$ logits, all in float64. For every $N$ of the grid and
 # every row we measure $N_s/N$ (`metrics.separability`), both reconstructed bounds, and the largest gap
 # $X_i-\xi_i$ over the selected keys. The pairwise distances of points on the sphere come from the
-# Gram matrix, $\|x_i-x_j\|^2=2M^2-2\langle x_i,x_j\rangle$, checked against
-# `metrics.min_pairwise_distance` on the first instance.
+# Gram matrix, $\|x_i-x_j\|^2=2M^2-2\langle x_i,x_j\rangle$ (the tests check it against
+# `metrics.min_pairwise_distance`). The pipeline is `separability.synthetic_rows`, one table row per
+# $(\sigma,\text{instance},N,\text{query row})$.
 
 # %%
-SYN_D, SYN_ROWS = 64, 4  # dimension of the synthetic embeddings; query rows per instance
-
-
-def sphere_min_distance(x: torch.Tensor, M: float, chunk: int = 8) -> torch.Tensor:
-    """delta of every instance (n, L, d) whose rows lie on the sphere of radius M, from Gram matrices."""
-    out = []
-    for a in range(0, x.shape[0], chunk):
-        gram = x[a:a + chunk] @ x[a:a + chunk].mT
-        gram.diagonal(dim1=-2, dim2=-1).fill_(-torch.inf)
-        out.append((2 * M * M - 2 * gram.amax((-2, -1))).clamp_min(0).sqrt())
-    return torch.cat(out)
-
-
-gen = torch.Generator().manual_seed(seed)
-frames = []
-for sigma in sigmas:
-    x_syn = metrics.project_to_sphere(torch.randn(n_trials, L, SYN_D, generator=gen, dtype=F64), M)
-    w_syn = torch.softmax(sigma * torch.randn(n_trials, SYN_ROWS, L, generator=gen, dtype=F64), dim=-1)
-    delta_syn = sphere_min_distance(x_syn, M)
-    assert abs(float(delta_syn[0]) - float(metrics.min_pairwise_distance(x_syn[0]))) < 1e-9
-    per_n = {}
-    for N in Ns:
-        sel, _ = metrics.top_n_mask(w_syn, N)
-        ratio, r = metrics.separability(w_syn, x_syn, N, M=M)
-        s = metrics.context_vector(w_syn, x_syn, sel)
-        idx = torch.topk(torch.where(sel, w_syn, -1.0), N, dim=-1).indices            # (n, rows, N)
-        x_top = torch.gather(x_syn.unsqueeze(1).expand(-1, SYN_ROWS, -1, -1), 2,
-                             idx.unsqueeze(-1).expand(-1, -1, -1, SYN_D))
-        X = torch.linalg.vector_norm(torch.gather(w_syn, -1, idx).unsqueeze(-1) * x_top - s.unsqueeze(-2), dim=-1)
-        per_n[N] = (sel, ratio, r, X, idx)
-    for t in range(n_trials):  # one call per instance: its delta is a number; the N grid is a batch dim
-        sel_t = torch.stack([per_n[N][0][t] for N in Ns])
-        r_t = torch.stack([per_n[N][2][t] for N in Ns])
-        w_t = w_syn[t].expand(len(Ns), -1, -1)
-        b = theory.theorem2_bounds(w_t, sel_t, r_t, M, float(delta_syn[t]))
-        xi = theory.theorem2_xi(w_t, sel_t, M, float(delta_syn[t]))
-        for a, N in enumerate(Ns):
-            gap = (per_n[N][3][t] - torch.gather(xi[a], -1, per_n[N][4][t])).amax(-1)
-            frames.append(pd.DataFrame({"sigma": sigma, "trial": t, "row": np.arange(SYN_ROWS), "N": N,
-                                        "ratio": per_n[N][1][t].numpy(), "lower": b.lower[a].numpy(),
-                                        "upper": b.upper[a].numpy(), "xi_gap": gap.numpy(),
-                                        "delta": float(delta_syn[t])}))
-syn = pd.concat(frames, ignore_index=True)
-syn["lower_violated"] = syn.ratio < syn.lower - TOL
-syn["upper_violated"] = syn.ratio > syn.upper + TOL
-syn_table = syn.groupby(["sigma", "N"]).agg(
-    ratio=("ratio", "mean"), lower=("lower", "mean"), upper=("upper", "mean"),
-    lower_violations=("lower_violated", "sum"), upper_violations=("upper_violated", "sum"),
-    max_xi_gap=("xi_gap", "max"))
-syn_table.round(4)
+syn = separability.synthetic_rows(L, Ns, sigmas, n_trials, M=M, seed=seed)
+separability.synthetic_table(syn).round(4)
 
 # %%
-n_rows_syn = len(syn)
-xi_viol = int((syn.xi_gap > TOL).sum())
-lower_viol_syn = int(syn.lower_violated.sum())
-upper_viol_syn = int(syn.upper_violated.sum())
-upper_excess_syn = float((syn.ratio - syn.upper).max())
-worst_upper = syn.loc[(syn.ratio - syn.upper).idxmax()]
-vacuous_lower = float((syn.lower[syn.N > 1] < 0).mean())
-mean_by_n = syn.groupby("N").ratio.mean()
-falls = bool(np.all(np.diff(mean_by_n.to_numpy()) <= 0)) if len(mean_by_n) > 1 else False
-glue("syn_rows", f"{n_rows_syn:,}", display=False)
-glue("syn_instances", n_trials * len(sigmas), display=False)
-glue("syn_xi_viol", xi_viol, display=False)
-glue("syn_xi_gap", f"{float(syn.xi_gap.max()):.1e}", display=False)
-glue("syn_lower_viol", lower_viol_syn, display=False)
-glue("syn_upper_viol", f"{upper_viol_syn:,}", display=False)
-glue("syn_upper_share", f"{upper_viol_syn / n_rows_syn:.1%}", display=False)
-glue("syn_upper_excess", f"{upper_excess_syn:.3f}", display=False)
-glue("syn_worst_N", int(worst_upper.N), display=False)
-glue("syn_worst_sigma", f"{worst_upper.sigma:g}", display=False)
-glue("syn_worst_ratio", f"{worst_upper.ratio:.3f}", display=False)
-glue("syn_worst_upper", f"{worst_upper.upper:.3f}", display=False)
-glue("syn_vacuous", f"{vacuous_lower:.0%}", display=False)
-glue("syn_delta_range", f"{syn.delta.min():.3f}–{syn.delta.max():.3f}", display=False)
-glue("syn_N_first", int(Ns[min(1, len(Ns) - 1)]), display=False)
-glue("syn_ratio_first", f"{mean_by_n.iloc[min(1, len(Ns) - 1)]:.2f}", display=False)
-glue("syn_N_last", int(Ns[-1]), display=False)
-glue("syn_ratio_last", f"{mean_by_n.iloc[-1]:.2f}", display=False)
-glue("syn_falls", "keeps falling at every step of the grid" if falls else "does not fall monotonically over the grid",
-     display=False)
-glue("syn_plateau_note", "So a plateau, where a model shows one, comes from trained attention, not from the geometry "
-     "of Assumptions 1–2." if falls else "Whether it levels off here depends on the grid; see the table.",
-     display=False)
-syn_note = (f"{len(sigmas)} sigmas x {n_trials} instances x {SYN_ROWS} rows, d = {SYN_D}, L = {L}, "
-            f"N in {Ns}; tolerance 1e-12")
-_ = record(Claim(key="ch3-thm2-xi-synthetic", chapter=CHAPTER,
-                 claim="||s - alpha_i x_i|| <= xi_i for every selected i under Assumptions 1-2 (our reconstruction of xi_i)",
-                 paper="xi_i measures the spread of the other selected, rescaled embeddings (formula lost)",
-                 ours=f"{xi_viol} violations in {n_rows_syn} synthetic rows; largest X_i - xi_i = {syn.xi_gap.max():.2e}",
-                 verdict="holds" if xi_viol == 0 else "fails", model="synthetic", note=syn_note))
-_ = record(Claim(key="ch3-thm2-lower-synthetic", chapter=CHAPTER,
-                 claim="Theorem 2 lower bound: N_s/N >= 1 - (1/(N r)) sum_i xi_i (our reconstruction; proven)",
-                 paper="lower bound on E[N_s]/N, 'intentionally conservative'",
-                 ours=f"{lower_viol_syn} violations in {n_rows_syn} synthetic rows; the bound is negative "
-                      f"(vacuous) in {vacuous_lower:.0%} of the rows with N > 1",
-                 verdict="holds" if lower_viol_syn == 0 else "fails", model="synthetic", note=syn_note))
-_ = record(Claim(key="ch3-thm2-upper-synthetic", chapter=CHAPTER,
-                 claim="Theorem 2 upper bound: N_s/N <= (1/N) sum_i exp(-(xi_i - r)_+^2 / (2 M^2)) (our reconstruction)",
-                 paper="holds under Assumptions 1-2",
-                 ours=f"violated in {upper_viol_syn} of {n_rows_syn} synthetic rows "
-                      f"({upper_viol_syn / n_rows_syn:.1%}); largest excess {upper_excess_syn:.3f}",
-                 verdict="holds" if upper_viol_syn == 0 else "fails", model="synthetic", note=syn_note))
-
-# %% tags=["hide-input"]
-syn_long = syn.melt(id_vars=["sigma", "N"], value_vars=["ratio", "upper", "lower"], var_name="quantity")
-syn_long["quantity"] = syn_long.quantity.map({"ratio": "measured $N_s/N$", "upper": "'upper bound' (heuristic)",
-                                              "lower": "lower bound (proven)"})
-syn_long["sigma"] = syn_long.sigma.map(lambda v: f"{v:g}")
-fig, axes = plt.subplots(1, 2, figsize=(12, 4.3))
-for ax, parts in zip(axes, (["measured $N_s/N$", "'upper bound' (heuristic)"], ["lower bound (proven)"])):
-    sns.lineplot(data=syn_long[syn_long.quantity.isin(parts)], x="N", y="value", hue="sigma", style="quantity",
-                 markers=True, errorbar=None, ax=ax, palette=figures.PALETTE)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(Ns, [str(n) for n in Ns])
-    ax.set_xlabel("top-N size $N$")
-    ax.legend(fontsize="small", title=r"$\sigma$ / quantity", title_fontsize="small")
-axes[0].set_ylabel("mean over rows")
-axes[0].set_title("(a) separability fraction and the exponential 'upper bound'")
-axes[1].axhline(0, color="0.3", lw=1)
-axes[1].set_ylabel("mean over rows")
-axes[1].set_title("(b) the proven lower bound (below 0: vacuous)")
-figures.model_title(fig, f"Theorem 2 on random spheres (d = {SYN_D}, L = {L}, logits N(0, sigma^2))",
-                     "synthetic data, no model")
+separability.draw_synthetic(syn, L)
 plt.show()
+
+# %% tags=["remove-cell"]
+syn_s = separability.synthetic_summary(syn)
+glue_values({**{f"syn_{k}": v for k, v in syn_s.items() if k != "falls"}, "syn_instances": n_trials * len(sigmas),
+             "syn_upper_pct": 100 * syn_s["upper_share"], "syn_vacuous_pct": 100 * syn_s["vacuous"]})
+glue_values({"syn_falls": "keeps falling at every step of the grid" if syn_s["falls"]
+             else "does not fall monotonically over the grid",
+             "syn_plateau_note": "So a plateau, where a model shows one, comes from trained attention, not from the "
+             "geometry of Assumptions 1–2." if syn_s["falls"] else "Whether it levels off here depends on the grid; "
+             "see the table."})
+setup = dict(rows=syn_s["rows"], sigmas=sigmas, trials=n_trials, L=L, Ns=Ns)
+claims.record("ch3-thm2-xi-synthetic", model="synthetic", violations=syn_s["xi_violations"],
+              max_gap=syn_s["max_xi_gap"], **setup)
+claims.record("ch3-thm2-lower-synthetic", model="synthetic", violations=syn_s["lower_violations"],
+              rows=syn_s["rows"], vacuous=syn_s["vacuous"])
+claims.record("ch3-thm2-upper-synthetic", model="synthetic", violations=syn_s["upper_violations"],
+              rows=syn_s["rows"], share=syn_s["upper_share"], excess=syn_s["upper_excess"])
 
 # %% [markdown]
 # **Synthetic results** ({glue:text}`syn_rows` rows from {glue:text}`syn_instances` instances; the
 # figure shows means over rows, the table above the per-$(\sigma,N)$ counts). The deterministic fact
-# $X_i\le\xi_i$ of {prf:ref}`the spread lemma <ch3-lem-xi>` is violated in {glue:text}`syn_xi_viol` rows (largest
-# $X_i-\xi_i$ = {glue:text}`syn_xi_gap`, rounding), and the proven lower bound in
-# {glue:text}`syn_lower_viol` rows. The lower bound is, however, negative and therefore says nothing in
-# {glue:text}`syn_vacuous` of the rows with $N>1$: the minimum distances $\delta$ of these instances
-# ({glue:text}`syn_delta_range`) are well below the typical distance $\sqrt2 M$ that the selected points
-# actually keep. The exponential "upper bound" is violated in {glue:text}`syn_upper_viol` rows
-# ({glue:text}`syn_upper_share`), by at most {glue:text}`syn_upper_excess`; the worst case, at
+# $X_i\le\xi_i$ of {prf:ref}`the spread lemma <ch3-lem-xi>` is violated in
+# {glue:text}`syn_xi_violations` rows (largest $X_i-\xi_i$ = {glue:text}`syn_max_xi_gap`, rounding),
+# and the proven lower bound in {glue:text}`syn_lower_violations` rows. The lower bound is, however,
+# negative and therefore says nothing in {glue:text}`syn_vacuous_pct` % of the rows with $N>1$: the
+# minimum distances $\delta$ of these instances (from {glue:text}`syn_delta_min` to
+# {glue:text}`syn_delta_max`) are well below the typical distance $\sqrt2 M$ that the selected points
+# actually keep. The exponential "upper bound" is violated in {glue:text}`syn_upper_violations` rows
+# ({glue:text}`syn_upper_pct` %), by at most {glue:text}`syn_upper_excess`; the worst case, at
 # $N=$ {glue:text}`syn_worst_N` and $\sigma=$ {glue:text}`syn_worst_sigma`, measures
 # $N_s/N=$ {glue:text}`syn_worst_ratio` against a "bound" of {glue:text}`syn_worst_upper`. The excesses
 # are small here, but they occur on the paper's own idealized model, not only on a constructed row.
 #
 # On random spheres the fraction itself, averaged over $\sigma$ and rows, {glue:text}`syn_falls`, from
 # {glue:text}`syn_ratio_first` at $N=$ {glue:text}`syn_N_first` to {glue:text}`syn_ratio_last` at
-# $N=$ {glue:text}`syn_N_last` (our reading notes found the same trend, NOTES §6).
+# $N=$ {glue:text}`syn_N_last` (the same trend appears in any synthetic check of this kind: the plateau
+# is a claim about the pretrained model, not about random spheres).
 # {glue:text}`syn_plateau_note`
 
 # %% [markdown]
@@ -539,19 +371,10 @@ plt.show()
 
 # %%
 session = Session.open(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed)
-field = {"value": "v", "key": "k", "query": "q"}[vectors]
-captured = session.capture(what=("weights", field))
-x_model = session.vectors(captured, vectors)
-n_layers, n_heads, L_win = captured.weights.shape[0], captured.weights.shape[1], captured.weights.shape[-1]
+captured = session.capture(what=("weights", VECTOR_FIELD[vectors]))
+x_model = session.vectors(captured, vectors)                 # (layers, heads, L, d_head)
 with runlog.timing("Algorithm 4"):  # the reproducibility chapter sets this time beside the paper's Table 1
     sep = algorithms.separability_vs_n(captured.weights, x_model, Ns=Ns, M=M, progress=False)
-glue("model_name", session.name, display=False)
-glue("n_layers", n_layers, display=False)
-glue("n_heads", n_heads, display=False)
-glue("n_heads_total", n_layers * n_heads, display=False)
-glue("L_win", L_win, display=False)
-glue("vectors_used", vectors, display=False)
-glue("M_used", f"{M:g}", display=False)
 sep.groupby("N")[["separability", "lower", "upper"]].describe().loc[
     :, (slice(None), ["min", "50%", "max"])].round(3)
 
@@ -564,168 +387,52 @@ sep.groupby("N")[["separability", "lower", "upper"]].describe().loc[
 # $10^{-6}$) and a violation must exceed $10^{-9}$.
 
 # %%
-ROW_STRIDE = 8  # every ROW_STRIDE-th query row is checked row by row
-rows = torch.arange(ROW_STRIDE - 1, L_win, ROW_STRIDE)
-mask_rows = normalizers.causal_mask(L_win)[rows]
-delta_head = sep[sep.N == Ns[0]].set_index(["layer", "head"])["delta"]
-checks = []
-for layer in range(n_layers):
-    w_rows = captured.weights[layer][:, rows, :].to(F64)
-    w_rows = w_rows / w_rows.sum(-1, keepdim=True)
-    x_layer = x_model[layer].to(F64)
-    per_n = []
-    for N in Ns:
-        sel, valid = metrics.top_n_mask(w_rows, N, mask=mask_rows)
-        ratio, r = metrics.separability(w_rows, x_layer, N, mask=mask_rows, M=M)
-        per_n.append((sel, ratio, valid & (r > 0), torch.nan_to_num(r, nan=1.0)))
-    sel_all = torch.stack([p[0] for p in per_n], 1)                                # (heads, N grid, rows, L)
-    r_all = torch.stack([torch.where(p[2], p[3], 1.0) for p in per_n], 1)
-    for h in range(n_heads):
-        b = theory.theorem2_bounds(w_rows[h].expand(len(Ns), -1, -1), sel_all[h], r_all[h], M,
-                                   float(delta_head[(layer, h)]))
-        for a, N in enumerate(Ns):
-            ok = per_n[a][2][h]
-            checks.append(pd.DataFrame({"layer": layer, "head": h, "N": N, "ratio": per_n[a][1][h][ok].numpy(),
-                                        "lower": b.lower[a][ok].numpy(), "upper": b.upper[a][ok].numpy()}))
-rowwise = pd.concat(checks, ignore_index=True)
-rowwise["lower_violated"] = rowwise.ratio < rowwise.lower - MODEL_TOL
-rowwise["upper_violated"] = rowwise.ratio > rowwise.upper + MODEL_TOL
-lower_viol_model = int(rowwise.lower_violated.sum())
-upper_viol_model = int(rowwise.upper_violated.sum())
-n_rows_model = len(rowwise)
-glue("row_stride", ROW_STRIDE, display=False)
-glue("model_rows_checked", f"{n_rows_model:,}", display=False)
-glue("model_lower_viol", lower_viol_model, display=False)
-glue("model_upper_viol", f"{upper_viol_model:,}", display=False)
-glue("model_upper_share", f"{upper_viol_model / max(n_rows_model, 1):.1%}", display=False)
-glue("model_lower_vacuous", f"{float((rowwise.lower[rowwise.N > 1] < 0).mean()):.0%}", display=False)
+rowwise = separability.model_rowwise(captured.weights, x_model, separability.head_deltas(sep), Ns, M=M,
+                                     stride=separability.ROW_STRIDE)
 rowwise.groupby("N").agg(rows=("ratio", "size"), lower_violations=("lower_violated", "sum"),
                          upper_violations=("upper_violated", "sum"))
 
+# %% [markdown]
+# ### The paper's Figure 3
+#
+# Per $N$, the distribution over heads of the per-head mean fraction, with the means over heads of both
+# bounds and the largest head:
+
 # %%
-# The claims of the paper's Figure 3, with explicit rules.
-PLATEAU_TOL = 0.05         # a plateau: the median changes by at most this much over all later N of the grid
-PAPER_STOP, PAPER_RANGE = 16, (0.70, 0.85)
-TRACK_TOL, TRACK_PARTLY = 0.10, 0.20
-per_n_stats = sep.groupby("N").agg(median=("separability", "median"), max=("separability", "max"),
-                                   mean_upper=("upper", "mean"), mean_lower=("lower", "mean"))
-medians = per_n_stats["median"]
-grid = list(medians.index)
-stop = next((N for k, N in enumerate(grid[:-1]) if N > 1
-             and medians.iloc[k:].max() - medians.iloc[k:].min() <= PLATEAU_TOL), None)
-declined = stop is not None and medians.iloc[0] - medians.loc[stop] > PLATEAU_TOL
-if stop is not None and declined and PAPER_STOP / 2 <= stop <= 2 * PAPER_STOP:
-    decline_verdict = "reproduced"
-elif stop is not None and declined:
-    decline_verdict = "partly reproduced"
-else:
-    decline_verdict = "not reproduced"
-plateau_values = sep.loc[sep.N >= (stop if stop is not None else grid[-1]), "separability"]
-plateau_median = float(plateau_values.median())
-plateau_verdict = ("reproduced" if stop is not None and PAPER_RANGE[0] <= plateau_median <= PAPER_RANGE[1]
-                   else "not reproduced")
-tracked = per_n_stats[per_n_stats.index > 1]
-track_gap = float((tracked.mean_upper - tracked["max"]).abs().max()) if len(tracked) else float("nan")
-track_verdict = ("reproduced" if track_gap <= TRACK_TOL else "partly reproduced" if track_gap <= TRACK_PARTLY
-                 else "not reproduced")
-late = sep[sep.N >= min(PAPER_STOP, grid[-1])]
-late_max = float(late.separability.max())
-late_share = float((late.separability > PAPER_RANGE[1]).mean())
-cap_verdict = "reproduced" if late_max <= PAPER_RANGE[1] else "not reproduced"
-delta_first = sep[sep.N == Ns[0]]
-zero_delta = delta_first[delta_first.delta < 1e-6]
-zero_delta_heads = len(zero_delta)
-if zero_delta_heads:
-    zero_layers = ", ".join(str(v) for v in sorted(zero_delta.layer.unique()))
-    zero_text = (f"in {zero_delta_heads} heads (layer {zero_layers}) two of the window's vectors coincide "
-                 f"and delta = 0")
-else:
-    zero_text = "no head has two coinciding vectors (delta > 0 everywhere)"
-
-stop_text = (f"the median changes by at most {PLATEAU_TOL} from N = {stop} on" if stop is not None
-             else f"no N of the grid after which the median changes by at most {PLATEAU_TOL}")
-medians_text = ", ".join(f"N={N}: {m:.2f}" for N, m in medians.items())
-glue("medians_text", medians_text, display=False)
-glue("model_N_first", int(grid[min(1, len(grid) - 1)]), display=False)
-glue("model_med_first", f"{medians.iloc[min(1, len(grid) - 1)]:.2f}", display=False)
-glue("model_N_last", int(grid[-1]), display=False)
-glue("model_med_last", f"{medians.iloc[-1]:.2f}", display=False)
-glue("plateau_tol", f"{PLATEAU_TOL:g}", display=False)
-glue("stop_text", stop_text, display=False)
-glue("decline_verdict", decline_verdict, display=False)
-glue("plateau_median", f"{plateau_median:.2f}", display=False)
-glue("plateau_verdict", plateau_verdict, display=False)
-glue("track_gap", f"{track_gap:.3f}", display=False)
-glue("track_verdict", track_verdict, display=False)
-glue("upper_min", f"{float(tracked.mean_upper.min()) if len(tracked) else float('nan'):.2f}", display=False)
-glue("late_N", int(min(PAPER_STOP, grid[-1])), display=False)
-glue("late_max", f"{late_max:.2f}", display=False)
-glue("late_share", f"{late_share:.0%}", display=False)
-glue("cap_verdict", cap_verdict, display=False)
-glue("zero_text", zero_text, display=False)
-glue("delta_median", f"{float(sep[sep.N == Ns[0]].delta.median()):.3f}", display=False)
-where = f"{session.name}, L = {L_win}, {n_layers} x {n_heads} heads, x_i = {vectors} vectors on the sphere of radius {M:g}"
-_ = record(Claim(key="ch3-fig3-decline", chapter=CHAPTER,
-                 claim="N_s/N declines with N until N ~ 16, then saturates (Fig. 3)",
-                 paper="declines up to N ~ 16, then plateaus",
-                 ours=f"medians over heads: {medians_text}; {stop_text}",
-                 verdict=decline_verdict, model=session.name,
-                 note=f"{where}. Rule: the decline stops at the smallest N > 1 of the grid after which the median "
-                      f"varies by <= {PLATEAU_TOL}; reproduced if that N is in [8, 32] and the median fell by more "
-                      f"than {PLATEAU_TOL} before it, partly reproduced if it is elsewhere, not reproduced if none"))
-_ = record(Claim(key="ch3-fig3-plateau", chapter=CHAPTER,
-                 claim="the separability fraction saturates between 0.70 and 0.85 (Fig. 3: ~one-fifth outside B_r(s))",
-                 paper="plateau in [0.70, 0.85]",
-                 ours=f"median over heads and plateau N = {plateau_median:.3f}" if stop is not None
-                      else f"no plateau; median at N = {grid[-1]} is {plateau_median:.3f}",
-                 verdict=plateau_verdict, model=session.name,
-                 note=f"{where}. Rule: reproduced iff a plateau exists and its median lies in [0.70, 0.85]"))
-_ = record(Claim(key="ch3-fig3-upper-tracks-max", chapter=CHAPTER,
-                 claim="the exponential upper bound tracks the empirical maxima of N_s/N closely",
-                 paper="tracks the maxima over heads",
-                 ours=f"largest |mean upper bound - max over heads of N_s/N| over N > 1: {track_gap:.3f}",
-                 verdict=track_verdict, model=session.name,
-                 note=f"{where}. Rule: reproduced if the gap is <= {TRACK_TOL}, partly if <= {TRACK_PARTLY}"))
-_ = record(Claim(key="ch3-four-fifths-cap", chapter=CHAPTER,
-                 claim="a single head cannot cleanly separate more than about four-fifths of the tokens it selects",
-                 paper="no more than ~80 % of the top-N tokens are distinguishable (0.70-0.85 at the plateau)",
-                 ours=f"largest per-head mean N_s/N at N >= {min(PAPER_STOP, grid[-1])}: {late_max:.3f}; "
-                      f"{late_share:.0%} of (layer, head, N) values exceed 0.85",
-                 verdict=cap_verdict, model=session.name,
-                 note=f"{where}. Rule: reproduced iff no head exceeds 0.85 at N >= 16"))
-_ = record(Claim(key="ch3-thm2-lower-model", chapter=CHAPTER,
-                 claim="Theorem 2 lower bound holds on every row of the model (our reconstruction; proven)",
-                 paper="the lower bound is 'intentionally conservative'",
-                 ours=f"{lower_viol_model} violations in {n_rows_model} rows (every {ROW_STRIDE}th query row, all heads, "
-                      f"N in {Ns})",
-                 verdict="holds" if lower_viol_model == 0 else "fails", model=session.name,
-                 note=f"{where}; tolerance {MODEL_TOL:g}"))
-_ = record(Claim(key="ch3-thm2-upper-model", chapter=CHAPTER,
-                 claim="Theorem 2 exponential upper bound on the model's rows (our reconstruction)",
-                 paper="an upper bound on the separability fraction",
-                 ours=f"violated in {upper_viol_model} of {n_rows_model} rows ({upper_viol_model / max(n_rows_model, 1):.1%})",
-                 verdict="holds" if upper_viol_model == 0 else "fails", model=session.name,
-                 note=f"{where}; tolerance {MODEL_TOL:g}"))
-per_n_stats.round(3)
-
-# %% tags=["hide-input"]
-fig, ax = plt.subplots(figsize=(10, 5))
-positions = np.arange(len(grid))
-ax.axhspan(*PAPER_RANGE, color="0.85", alpha=0.6, zorder=0, label="paper's plateau, 0.70–0.85")
-sns.boxplot(data=sep, x="N", y="separability", color=GREEN, ax=ax, width=0.55, fliersize=2,
-            boxprops=dict(alpha=0.85))
-ax.plot(positions, per_n_stats.mean_upper, "o-", color=RED, label="'upper bound' (heuristic), mean over heads")
-ax.plot(positions, per_n_stats["max"], "v--", color="k", ms=6, lw=1, label="max over heads of $N_s/N$")
-ax.plot(positions, per_n_stats.mean_lower, "s-", color=BLUE, label="lower bound (proven), mean over heads")
-ax.axhline(0, color="0.3", lw=0.8)
-ax.set_xlabel("top-N size $N$")
-ax.set_ylabel(r"per-head mean of $N_s/N$ over rows")
-handles, labels = ax.get_legend_handles_labels()
-handles.insert(1, Patch(facecolor=GREEN, edgecolor="0.3", label="$N_s/N$ per head (boxes)"))
-ax.legend(handles=handles, loc="lower left", fontsize="small")
-figures.model_title(fig, f"Geometric separability vs N (Figure 3), L = {L_win}, {vectors} vectors, M = {M:g}",
-                     session.name)
+fig3 = separability.figure3_summary(sep)
+separability.draw_figure3(sep, session.name, vectors, M)
 plt.show()
+separability.per_n_stats(sep).round(3)
+
+# %% tags=["remove-cell"]
+rows_s = separability.rowwise_summary(rowwise)
+n_layers, n_heads, L_win = captured.weights.shape[0], captured.weights.shape[1], captured.weights.shape[-1]
+first = min(1, len(fig3["grid"]) - 1)
+glue_values({"model_name": session.name, "n_layers": n_layers, "n_heads": n_heads, "L_win": L_win,
+             "n_heads_total": n_layers * n_heads, "vectors_used": vectors, "M_used": M,
+             "row_stride": separability.ROW_STRIDE, "plateau_tol": separability.PLATEAU_TOL,
+             **{f"model_{k}": v for k, v in rows_s.items()}, "model_upper_pct": 100 * rows_s["upper_share"],
+             "model_vacuous_pct": 100 * rows_s["vacuous"], **separability.figure3_prose(fig3),
+             "model_N_first": fig3["grid"][first], "model_med_first": fig3["medians"][first],
+             "model_N_last": fig3["grid"][-1], "model_med_last": fig3["medians"][-1],
+             **{k: fig3[k] for k in ("plateau_median", "track_gap", "upper_min", "late_N", "late_max",
+                                     "delta_median")}, "late_pct": 100 * fig3["late_share"]}, digits=2)
+
+# %% tags=["remove-cell"]
+verdicts = {
+    "decline": claims.record("ch3-fig3-decline", model=session.name,
+                             **{k: fig3[k] for k in ("grid", "medians", "stop", "drop")}),
+    "plateau": claims.record("ch3-fig3-plateau", model=session.name,
+                             **{k: fig3[k] for k in ("stop", "plateau_from", "plateau_median")}),
+    "track": claims.record("ch3-fig3-upper-tracks-max", model=session.name, gap=fig3["track_gap"]),
+    "cap": claims.record("ch3-four-fifths-cap", model=session.name,
+                         **{k: fig3[k] for k in ("late_N", "late_max", "late_share")}),
+    "model_lower": claims.record("ch3-thm2-lower-model", model=session.name, violations=rows_s["lower_violations"],
+                                 rows=rows_s["rows"], stride=separability.ROW_STRIDE, Ns=Ns),
+    "model_upper": claims.record("ch3-thm2-upper-model", model=session.name, violations=rows_s["upper_violations"],
+                                 rows=rows_s["rows"], share=rows_s["upper_share"]),
+}
+glue_values({f"{name}_verdict": claim.verdict for name, claim in verdicts.items()})
 
 # %% [markdown]
 # **Figure 3 (ours).** Green boxes: for each $N$, the distribution over the {glue:text}`n_heads_total`
@@ -737,7 +444,7 @@ plt.show()
 # "upper bound"; blue: the mean of the proven lower bound; black triangles: the largest head. Grey band:
 # the range the paper reports for GPT-2.
 #
-# **Comparison with the paper (NOTES §3.3, §3.5).**
+# **Comparison with the paper** (its Figure 3 and the numbers of its text).
 #
 # * *Decline, then saturation at $N\approx16$.* The medians over heads are {glue:text}`medians_text`.
 #   Our rule for "the decline stops": the smallest $N>1$ of the grid after which the median moves by at
@@ -749,12 +456,12 @@ plt.show()
 #   evidence for the formula, which is not a bound: its mean never drops below {glue:text}`upper_min`,
 #   so it can only "track" heads whose fraction is close to 1.
 # * *No more than about four-fifths.* For $N\ge$ {glue:text}`late_N` the best head still separates
-#   {glue:text}`late_max` on average, and {glue:text}`late_share` of the (layer, head, $N$) values exceed
+#   {glue:text}`late_max` on average, and {glue:text}`late_pct` % of the (layer, head, $N$) values exceed
 #   0.85. Verdict: **{glue:text}`cap_verdict`**.
-# * *The bounds row by row.* On {glue:text}`model_rows_checked` rows, the proven lower bound is violated
-#   {glue:text}`model_lower_viol` times, and it is negative (vacuous) on {glue:text}`model_lower_vacuous`
-#   of the rows with $N>1$. The exponential "upper bound" is violated on {glue:text}`model_upper_viol`
-#   rows ({glue:text}`model_upper_share`), as the counterexample predicts is possible.
+# * *The bounds row by row.* On {glue:text}`model_rows` rows, the proven lower bound is violated
+#   {glue:text}`model_lower_violations` times, and it is negative (vacuous) on {glue:text}`model_vacuous_pct` %
+#   of the rows with $N>1$. The exponential "upper bound" is violated on {glue:text}`model_upper_violations`
+#   rows ({glue:text}`model_upper_pct` %), as the counterexample predicts is possible.
 #
 # Assumption 2 is nearly empty on real vectors: the median over heads of $\delta$ is
 # {glue:text}`delta_median` times $M$ (random points of a 64-dimensional sphere are about $1.4\,M$
@@ -772,24 +479,15 @@ plt.show()
 # theorem about attention: independence is an assumption, and a later chapter tests it.
 
 # %%
-cov_p, cov_target = 0.8, 0.99
-cov_3 = theory.multihead_coverage(cov_p, 3)
-cov_H = theory.heads_for_coverage(cov_p, cov_target)
-ours_p = min(max(plateau_median, 1e-6), 1.0)
-ours_H = theory.heads_for_coverage(ours_p, cov_target)
-glue("cov_3", f"{cov_3:.3f}", display=False)
-glue("cov_H", cov_H, display=False)
-glue("cov_ours_p", f"{ours_p:.2f}", display=False)
-glue("cov_ours_H", ours_H, display=False)
-_ = record(Claim(key="ch3-multihead-coverage", chapter=CHAPTER,
-                 claim="with p = 0.8 per head, about H = 3 independent heads cover 99 % of the top-N tokens",
-                 paper="1 - (1 - p)^H; p = 0.8 -> H = 3 (1 - 0.2^3 = 0.992)",
-                 ours=f"1 - 0.2^3 = {cov_3:.4f}; smallest H reaching 0.99: {cov_H}; with our plateau median "
-                      f"p = {ours_p:.2f} on {session.name}: H = {ours_H}",
-                 verdict="holds" if cov_H == 3 and cov_3 >= cov_target else "fails", model="synthetic",
-                 note="arithmetic under the paper's independence assumption, which is not tested here"))
-pd.DataFrame({"H": range(1, 11), "p = 0.8": [theory.multihead_coverage(cov_p, H) for H in range(1, 11)],
-              f"p = {ours_p:.2f} (ours)": [theory.multihead_coverage(ours_p, H) for H in range(1, 11)]}).round(4)
+coverage, H = theory.multihead_coverage(0.8, 3), theory.heads_for_coverage(0.8, 0.99)
+p_ours = min(max(fig3["plateau_median"], 1e-6), 1.0)  # our plateau median as the per-head fraction
+H_ours = theory.heads_for_coverage(p_ours, 0.99)
+separability.coverage_table({"p = 0.8": 0.8, f"p = {p_ours:.2f} (ours)": p_ours}).round(4)
+
+# %% tags=["remove-cell"]
+glue_values({"cov_3": coverage, "cov_H": H, "cov_ours_p": p_ours, "cov_ours_H": H_ours})
+claims.record("ch3-multihead-coverage", model="synthetic", coverage=coverage, H=H, p_ours=p_ours,
+              measured_on=session.name, H_ours=H_ours)
 
 # %% [markdown]
 # With $p=0.8$, three heads cover $1-0.2^3=$ {glue:text}`cov_3`, and $H=$ {glue:text}`cov_H` is the
@@ -797,28 +495,40 @@ pd.DataFrame({"H": range(1, 11), "p = 0.8": [theory.multihead_coverage(cov_p, H)
 # $p=$ {glue:text}`cov_ours_p`, the same arithmetic asks for $H=$ {glue:text}`cov_ours_H` heads — if
 # they were independent.
 #
-# ```{admonition} What this means
-# The geometric picture is simple to compute: a selected token counts as distinguishable when its
-# weight-rescaled vector is closer to the context vector than every non-selected one. Of the two bounds
-# we could reconstruct, only the lower one is a theorem, and it is weak: on the model's rows it is
-# negative, hence empty, in {glue:text}`model_lower_vacuous` of the rows with $N>1$, because the minimum
-# separation $\delta$ of real vectors is small. The exponential "upper bound" is not a bound: a
-# constructed row breaks it, and it is violated in {glue:text}`syn_upper_share` of the random-sphere
-# rows and {glue:text}`model_upper_share` of the model rows we checked. What remains is the measurement:
-# on {glue:text}`model_name` the median fraction over heads goes from {glue:text}`model_med_first` at
-# $N=$ {glue:text}`model_N_first` to {glue:text}`model_med_last` at $N=$ {glue:text}`model_N_last`, so a
-# head separates only part of what it selects, as the paper says; its "plateau at 70–85 %" is
-# {glue:text}`plateau_verdict` here. On random spheres the mean fraction {glue:text}`syn_falls`.
-# ```
+# ## Key takeaways
+#
+# * **The definition is easy to compute.** A selected token is distinguishable when its weight-rescaled
+#   vector $\alpha_i x_i$ is strictly closer to the context vector $s$ than every non-selected one; in the
+#   2-D example {glue:text}`fig1_Ns` of {glue:text}`fig1_N` are.
+# * **Half of Theorem 2 is a theorem.** The spread lemma $X_i\le\xi_i$ and the lower bound held on all
+#   {glue:text}`syn_rows` synthetic rows ({glue:text}`syn_xi_violations` and {glue:text}`syn_lower_violations`
+#   violations) and on all {glue:text}`model_rows` model rows ({glue:text}`model_lower_violations` violations);
+#   but the bound is weak: negative, hence empty, in {glue:text}`syn_vacuous_pct` % of the synthetic and
+#   {glue:text}`model_vacuous_pct` % of the model rows with $N>1$, because the minimum separation $\delta$
+#   is small.
+# * **The exponential "upper bound" is not a bound.** A constructed row measures $N_s/N=$ {glue:text}`cx_ratio`
+#   against a "bound" of {glue:text}`cx_upper`, and the formula is violated in {glue:text}`syn_upper_pct` % of
+#   the random-sphere rows and {glue:text}`model_upper_pct` % of the model rows we checked.
+# * **The measurement.** On {glue:text}`model_name` the median fraction over heads goes from
+#   {glue:text}`model_med_first` at $N=$ {glue:text}`model_N_first` to {glue:text}`model_med_last` at
+#   $N=$ {glue:text}`model_N_last`, so a head separates only part of what it selects, as the paper says. The
+#   paper's "decline until $N\approx16$" is **{glue:text}`decline_verdict`** here, its "plateau at 70–85 %"
+#   **{glue:text}`plateau_verdict`**, its "no more than four-fifths" **{glue:text}`cap_verdict`**. On random
+#   spheres the mean fraction {glue:text}`syn_falls`.
+# * **Several heads.** With $p=0.8$ per head, $H=$ {glue:text}`cov_H` heads cover 99 % of the selected tokens;
+#   with our measured $p=$ {glue:text}`cov_ours_p`, $H=$ {glue:text}`cov_ours_H` — if the heads failed
+#   independently, which is an assumption, not a result.
 #
 # ## Provenance
 
 # %%
-glue("runtime", f"{time.time() - _t_start:.0f} s", display=False)
 session.provenance_table()
 
+# %% tags=["remove-cell"]
+glue_values({"runtime": round(time.time() - _t_start)})
+
 # %% [markdown]
-# This chapter ran in {glue:text}`runtime` after its imports.
+# This chapter ran in {glue:text}`runtime` s after its imports.
 #
 # ## Exercises
 #

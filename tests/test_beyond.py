@@ -12,16 +12,16 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from scipy.stats import chi2_contingency
 
-from attn_utils.mathematics import lenses, metrics, normalizers
+from attn_utils.mathematics import lenses, metrics, normalizers, registry
 
 F64 = torch.float64
 MANY = settings(max_examples=1000, deadline=None)
 SOME = settings(max_examples=200, deadline=None)
-NAMES = lenses.JACOBIAN_NAMES
+NAMES = registry.COMPARED
 
 
 def kwargs(name, T=1.0, s=1.0):
-    return {"T": T, "s": s} if name == "ssmax" else {"T": T}
+    return registry.get(name).keywords(T=T, s=s)
 
 
 def close(a, b, rtol=1e-10, atol=1e-12):
@@ -43,7 +43,7 @@ def causal_heads(seed, layers=2, heads=3, L=20, d=6, name="softmax", scale=2.0):
     mask = torch.ones(L, L, dtype=torch.bool).tril()
     logits = scale * torch.randn(layers, heads, L, L, generator=g, dtype=F64)
     x = torch.randn(layers, heads, L, d, generator=g, dtype=F64)
-    return normalizers.normalize(logits, name, mask=mask), x, mask
+    return registry.normalize(logits, name, mask=mask), x, mask
 
 
 # --- slow references ------------------------------------------------------------------------------------
@@ -88,7 +88,7 @@ def ref_coverage_row(sel_sets, sep_sets, N):
 @pytest.mark.parametrize("name", NAMES)
 def test_row_stats_matches_loop(name):
     logits, mask = random_rows(1)
-    w = normalizers.normalize(logits, name, mask=mask)
+    w = registry.normalize(logits, name, mask=mask)
     got = lenses.row_stats(w, mask)
     for r in range(w.shape[0]):
         expected = ref_row_stats(w[r].numpy(), mask[r].numpy())
@@ -128,7 +128,7 @@ def bounded_rows(draw):
 def test_lemma1_envelope_holds(case, name):
     """Propositions 1-2 of the chapter: every weight magnitude lies in the envelope of its normalizer."""
     l, a, T, s = case
-    w = normalizers.normalize(l.unsqueeze(0), name, **kwargs(name, T, s))[0].abs()
+    w = registry.normalize(l.unsqueeze(0), name, **kwargs(name, T, s))[0].abs()
     env = lenses.lemma1_envelope(name, a, len(l), T=T, s=s)
     assert float(w.max()) <= env.upper * (1 + 1e-9) + 1e-300
     assert float(w.min()) >= env.lower * (1 - 1e-9)
@@ -154,7 +154,7 @@ def test_planted_weight_bound_holds(name, L, gap, T, s, seed):
     g = torch.Generator().manual_seed(seed)
     l = -gap - 2 * torch.rand(L, generator=g, dtype=F64)  # every other logit at least `gap` below the planted one
     l[0] = 0.0
-    w = normalizers.normalize(l.unsqueeze(0), name, **kwargs(name, T, s))[0]
+    w = registry.normalize(l.unsqueeze(0), name, **kwargs(name, T, s))[0]
     assert float(w[0]) >= lenses.planted_weight_bound(name, gap, L, T=T, s=s) * (1 - 1e-9)
 
 
@@ -199,6 +199,24 @@ def test_geometry_fast_path_matches_library_route(name, N):
     again = lenses.geometry(w, x, N, mask, sphere=sphere)
     close(again.separability, g.separability)
     assert (again.separated == g.separated).all() and (g.separated <= g.selected).all()
+
+
+@pytest.mark.parametrize("name", ["softmax", "sparsemax", "entmax15"])
+def test_geometry_is_the_metric_on_distributions(name):
+    """For distributions, geometry() gives exactly what metrics.cumulative_distance and metrics.separability give,
+    and the separated keys it returns count N_s."""
+    w, x, mask = causal_heads(17, name=name, L=30)
+    result = lenses.geometry(w, x, [2, 5], mask)
+    for N, g in result.items():
+        selected, _ = metrics.top_n_mask(w, N, mask)
+        distance = metrics.cumulative_distance(w, x, selected, mask)
+        ratio, _ = metrics.separability(w, x, N, mask)
+        assert torch.equal(g.selected, selected)
+        close(g.distance, torch.where(g.valid, distance, torch.nan))
+        close(g.separability, ratio, rtol=0, atol=0)
+        close(torch.where(g.valid, g.separated.sum(-1).to(F64) / N, torch.nan), ratio, rtol=0, atol=0)
+    quick = lenses.geometry(w, x, 5, mask, keys=False)
+    assert quick.separated is None and torch.equal(quick.separability.isnan(), result[5].separability.isnan())
 
 
 def test_geometry_refuses_signed_weights():
@@ -251,7 +269,7 @@ def autograd_jacobian(logits, name, mask, T, s):
     out = torch.zeros(*logits.shape, logits.shape[-1], dtype=F64)
     for r in range(logits.shape[0]):
         out[r] = torch.autograd.functional.jacobian(
-            lambda l: normalizers.normalize(l.unsqueeze(0), name, mask=mask[r:r + 1], **kwargs(name, T, s))[0],
+            lambda l: registry.normalize(l.unsqueeze(0), name, mask=mask[r:r + 1], **kwargs(name, T, s))[0],
             logits[r])
     return out
 
@@ -275,8 +293,8 @@ def test_jvp_is_jacobian_times_v_and_matches_finite_differences(name):
     J = lenses.jacobian(logits, name, mask=mask, T=0.8, s=1.3)
     close(got, (J @ torch.where(mask, v, 0.0).unsqueeze(-1)).squeeze(-1))
     h = 1e-6
-    fd = (normalizers.normalize(logits + h * v, name, mask=mask, **kwargs(name, 0.8, 1.3))
-          - normalizers.normalize(logits - h * v, name, mask=mask, **kwargs(name, 0.8, 1.3))) / (2 * h)
+    fd = (registry.normalize(logits + h * v, name, mask=mask, **kwargs(name, 0.8, 1.3))
+          - registry.normalize(logits - h * v, name, mask=mask, **kwargs(name, 0.8, 1.3))) / (2 * h)
     close(got, fd, rtol=1e-5, atol=1e-6)
 
 
@@ -431,12 +449,49 @@ def test_resolve_long_lengths():
         lenses.resolve_long_lengths([2048], 1024, 1024)
 
 
+# --- synthetic instances and slopes -------------------------------------------------------------------------
+
+
+def test_synthetic_rows_families():
+    g = torch.Generator().manual_seed(0)
+    typical = lenses.synthetic_rows("typical", 50, 40, 2.0, generator=g)
+    assert typical.shape == (50, 40) and typical.dtype == F64 and typical.abs().max() <= 2.0
+    assert typical.min() < -1.5 and typical.max() > 1.5
+    planted = lenses.synthetic_rows("planted", 50, 40, 2.0, 1.5, generator=g)
+    assert (planted[:, 0] == 2.0).all() and (planted[:, 1:] <= 0.5).all() and (planted[:, 1:] >= -2.0).all()
+    assert (planted[:, :1] - planted[:, 1:] >= 1.5).all()  # the gap of planted_weight_bound
+    again = lenses.synthetic_rows("typical", 50, 40, 2.0, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(again, typical)  # one torch.rand draw from the generator
+    with pytest.raises(ValueError, match="family must be one of"):
+        lenses.synthetic_rows("flat", 2, 3, 1.0)
+    with pytest.raises(ValueError, match="gap <= 2a"):
+        lenses.synthetic_rows("planted", 2, 3, 1.0, 3.0)
+
+
+def test_unit_vectors_lie_on_the_sphere():
+    x = lenses.unit_vectors((3, 7), 5, torch.Generator().manual_seed(1))
+    assert x.shape == (3, 7, 5)
+    close(x.norm(dim=-1), torch.ones(3, 7))
+
+
+def test_loglog_slope():
+    x = np.array([1.0, 2.0, 4.0, 8.0, 16.0])
+    assert lenses.loglog_slope(x, 3 * x ** -1.0) == pytest.approx(-1.0)
+    assert lenses.loglog_slope(x, 0.5 * x ** 0.75) == pytest.approx(0.75)
+    y = 3 * x ** 2
+    y[1], y[3] = np.nan, 0.0  # dropped points
+    assert lenses.loglog_slope(x, y) == pytest.approx(2.0)
+    assert math.isnan(lenses.loglog_slope([1.0, 2.0], [1.0, np.nan]))
+    with pytest.raises(ValueError, match="same number of points"):
+        lenses.loglog_slope([1, 2, 3], [1, 2])
+
+
 # --- bad input ---------------------------------------------------------------------------------------------
 
 
 def test_bad_input():
     l = torch.randn(2, 4, dtype=F64)
-    with pytest.raises(ValueError, match="name must be one of"):
+    with pytest.raises(ValueError, match="unknown normalizer 'softmax2'"):
         lenses.jacobian(l, "softmax2")
     with pytest.raises(ValueError, match="T must be"):
         lenses.jvp(l, l, "softmax", T=0.0)

@@ -20,6 +20,7 @@ SMALL = {
     "model": "gpt2-random",
     "L": 64,
     "lengths": [16, 32, 64],
+    "synthetic_lengths": [4, 16, 64],
     "Ns": [1, 2, 4, 8],
     "Ts": [0.01, 0.1, 1.0, 10.0],
     "n_trials": 20,
@@ -60,6 +61,13 @@ def test_first_page_names_the_model(built_book):
     intro = (result.html / "book" / "intro.html").read_text()
     assert "gpt2-random" in intro, "the first page must say which model produced the book"
     assert "intro.html" in (result.html / "index.html").read_text()  # index.html leads to the first page
+
+
+@pytest.mark.slow
+def test_first_page_has_the_results_at_a_glance(built_book):
+    intro = (built_book.html / "book" / "intro.html").read_text()
+    assert '<table class="glance">' in intro and 'class="verdict verdict-' in intro
+    assert "ch5_reproducibility.html" in intro and "sources.html" in intro  # the ledger and the sources page
 
 
 @pytest.mark.slow
@@ -122,5 +130,44 @@ def test_pages_render_in_a_browser(built_book):
             if "notebooks" in page.parts or page.name == "intro.html":
                 assert glued, f"{page.name}: no glued numbers in the prose"
             assert all(g.strip() for g in glued), f"{page.name}: an empty glued value"
+            assert not [g for g in glued if any(w in g for w in ("Error", "Exception", "Traceback"))], \
+                f"{page.name}: a raw exception in the prose"
+            for outside in ("NOTES", "[INFERRED]", "paper/NOTES.md", "../shared"):
+                assert outside not in text, f"{page.name}: points to material the reader does not have: {outside!r}"
+            truncated = driver.execute_script(
+                "return Array.from(document.querySelectorAll('td, th')).filter(c => ['...', '…'].includes("
+                "c.innerText.trim())).length")
+            assert not truncated, f"{page.name}: a table truncated by pandas"
+            unboxed = driver.execute_script(OVERFLOWING_TABLES)
+            assert not unboxed, f"{page.name}: tables wider than the text column without a scroll box: {unboxed}"
+    finally:
+        driver.quit()
+
+
+# Tables wider than their container must scroll inside their own box (overflow-x auto or scroll).
+OVERFLOWING_TABLES = """
+return Array.from(document.querySelectorAll('article table')).filter(t => {
+  const box = t.parentElement.getBoundingClientRect();
+  if (t.scrollWidth <= box.width + 1) return false;
+  for (let e = t; e && e !== document.body; e = e.parentElement) {
+    if (['auto', 'scroll'].includes(getComputedStyle(e).overflowX)) return false;
+  }
+  return true;
+}).map(t => t.className || t.innerText.slice(0, 40));
+"""
+
+
+@pytest.mark.slow
+def test_pages_fit_a_phone_screen(built_book, tmp_path):
+    """At 400 px the pages do not scroll sideways (code and tables scroll in their own boxes)."""
+    driver = _browser()
+    try:
+        driver.set_window_size(400, 900)
+        for page in ("book/intro.html", "notebooks/ch2_distance.html", "notebooks/ch5_reproducibility.html"):
+            driver.get((built_book.html / page).as_uri())
+            wide = driver.execute_script("return document.documentElement.scrollWidth - window.innerWidth")
+            assert wide <= 1, f"{page} scrolls sideways by {wide} px at 400 px"
+        driver.save_screenshot(str(tmp_path / "phone.png"))
+        assert (tmp_path / "phone.png").stat().st_size > 0
     finally:
         driver.quit()

@@ -1,28 +1,24 @@
-"""Classroom: the exercise checks and their hints, the student copies, and the grader."""
+"""Classroom: the exercise checks and their hints, and the hidden tests (no kernel runs here).
+
+The nbgrader course and its grading are tested in tests/test_nbgrader_course.py."""
 from __future__ import annotations
 
 import ast
-import csv
+import builtins
 import math
 import re
-from pathlib import Path
+import types
 
 import jupytext
 import nbformat
-import psutil
 import pytest
 import torch
 
-from attn_utils import cli
-
-from attn_utils.classroom import exercises, grading, student
-
 from attn_utils.book import build
-
+from attn_utils.classroom import exercises, hidden
 from attn_utils.mathematics import normalizers
 
 F64 = torch.float64
-SMALL = {"model": "gpt2-random", "L": 64}
 
 
 # --- the master notebooks --------------------------------------------------------------------------------
@@ -230,226 +226,65 @@ def test_check_raises_the_hint_and_evaluate_survives_anything():
     assert "g_row is not defined" in exercises.evaluate("ch4-ex2", {}).feedback
 
 
-# --- student copies --------------------------------------------------------------------------------------
+
+def test_check_takes_one_part():
+    wrong = causal_softmax_with(axis=-2)["causal_softmax"]
+    assert exercises.check("ch0-ex2", wrong, part="causal mask").passed == ["causal mask"]
+    with pytest.raises(exercises.CheckFailed, match="rows sum to one: your weights do not sum to one"):
+        exercises.check("ch0-ex2", wrong, part="rows sum to one")
+    with pytest.raises(ValueError, match="exercise ch0-ex2 has no part 'bogus'"):
+        exercises.check("ch0-ex2", wrong, part="bogus")
 
 
-@pytest.fixture(scope="module")
-def copies(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("students")
-    student.student_copies(out, parameters=SMALL)
-    return out
+# --- the hidden tests ------------------------------------------------------------------------------------------
 
 
-def read_copy(copies: Path, stem: str) -> tuple[nbformat.NotebookNode, nbformat.NotebookNode]:
-    return nbformat.read(copies / f"{stem}.ipynb", as_version=4), jupytext.read(copies / f"{stem}.py")
+def run_hidden(key: str, part: str, functions: dict) -> str | None:
+    """The hidden test of ``part``, run as its cell runs it (fresh globals): None if it passes, else its message."""
+    test = types.FunctionType(hidden.HIDDEN[key].__code__, {"__builtins__": builtins})
+    try:
+        test(part, *(functions[name] for name in exercises.EXERCISES[key].names))
+    except AssertionError as exc:
+        return str(exc)
+    return None
 
 
-@pytest.mark.parametrize("stem", exercises.exercise_notebooks())
-def test_student_copy_holds_no_solution(copies, stem):
-    nb, _ = read_copy(copies, stem)
-    texts = {"py": (copies / f"{stem}.py").read_text(), "ipynb": "\n".join(c.source for c in nb.cells)}
-    elsewhere = {line.strip() for c in master(stem).cells if "solution" not in c.metadata.get("tags", [])
-                 for line in c.source.splitlines()}
-    for key, source in solution_cells(stem).items():
-        tree = ast.parse(source)
-        kept = {i for node in tree.body if isinstance(node, ast.FunctionDef)
-                for i in range(node.lineno, (node.body[0].end_lineno if ast.get_docstring(node) else node.lineno) + 1)}
-        secret = [line.strip() for i, line in enumerate(source.splitlines(), 1)
-                  if i not in kept and len(line.strip()) > 8 and line.strip() not in elsewhere]
-        assert secret, f"{key}: nothing to look for"
-        for kind, text in texts.items():
-            leaked = [line for line in secret if line in text]
-            assert not leaked, f"{kind} copy of {stem} holds solution code of {key}: {leaked[:3]}"
-    for kind, text in texts.items():
-        assert not re.search(r"\{solution", text), f"{kind} copy of {stem} keeps a solution directive"
-        prose = [line for line in solution_prose(stem) if line in text]
-        assert not prose, f"{kind} copy of {stem} keeps solution prose: {prose[:2]}"
-    assert not any("solution" in c.metadata.get("tags", []) for c in nb.cells)
+def test_every_part_has_a_hidden_test():
+    assert set(hidden.HIDDEN) == set(exercises.EXERCISES)  # and each part runs: the next test
+    with pytest.raises(ValueError, match="has no hidden test"):
+        hidden.hidden_block("ch9-ex1", "values", ("f",))
 
 
 @pytest.mark.parametrize("key", sorted(exercises.EXERCISES))
-def test_student_stub_raises_not_implemented(copies, key):
-    nb, _ = read_copy(copies, exercises.EXERCISES[key].notebook)
-    stub = next(c for c in nb.cells if c.metadata.get("exercise") == key and "exercise" in c.metadata.get("tags", []))
-    namespace = {"torch": torch}
-    exec(stub.source, namespace)
-    with pytest.raises(NotImplementedError, match=f"Exercise {key}: "):
-        exercises.check(key, *(namespace[name] for name in exercises.EXERCISES[key].names))
-    result = exercises.evaluate(key, namespace)
-    assert result.score == 0
-    assert result.feedback.startswith("not implemented yet") and result.feedback.count(f"Exercise {key}:") == 1
+def test_solutions_pass_every_hidden_test(key):
+    for _ in range(3):  # fresh random inputs each time
+        for part in exercises.EXERCISES[key].parts:
+            assert run_hidden(key, part, solution(key)) is None, (key, part)
 
 
-@pytest.mark.parametrize("stem", exercises.exercise_notebooks())
-def test_student_py_and_ipynb_are_paired(copies, stem):
-    nb, py = read_copy(copies, stem)
-    assert [(c.cell_type, c.source, dict(c.metadata)) for c in nb.cells] == \
-        [(c.cell_type, c.source, dict(c.metadata)) for c in py.cells]
-    assert py.metadata[student.METADATA_KEY] == nb.metadata[student.METADATA_KEY]
-    assert not any(c.get("outputs") for c in nb.cells)
+@pytest.mark.parametrize("key, functions, part, hint", MISTAKES, ids=[f"{m[0]}-{m[3][:30]}" for m in MISTAKES])
+def test_hidden_tests_catch_the_typical_mistakes(key, functions, part, hint):
+    message = run_hidden(key, part, functions)
+    assert message and message.startswith(f"hidden test of part {part!r} (seed ")
 
 
-def test_student_copy_is_marked_for_the_grader_and_takes_defaults(copies):
-    nb, _ = read_copy(copies, "ch1_vanishing")
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    assert nb.metadata[student.METADATA_KEY] == {"notebook": "ch1_vanishing", "code_cells": len(code),
-                                                   "exercises": ["ch1-ex2"]}
-    assert [c.metadata[student.CELL_KEY] for c in code] == list(range(len(code)))
-    assert [c.metadata.get("exercise") for c in code if c.metadata.get("tags")] [-2:] == ["ch1-ex2", "ch1-ex2"]
-    params = next(c.source for c in code if "parameters" in c.metadata.get("tags", []))
-    assert re.search(r'^model = "gpt2-random" +#', params, re.M) and re.search(r"^L = 64 +#", params, re.M)
-    text = "\n".join(c.source for c in nb.cells)
-    assert "**Exercise ch1-ex1: The best constants of Lemma 1 for softmax**" in text and "{exercise}" not in text
-    assert (copies / "README.md").is_file()
+def test_hidden_tests_use_no_helper_a_notebook_can_patch():
+    """The block a test cell runs: no attn_utils, and the notebook's shadowed builtins do not reach it."""
+    for key, ex in exercises.EXERCISES.items():
+        for part in ex.parts:
+            block = hidden.hidden_block(key, part, ex.names)
+            assert block.startswith("### BEGIN HIDDEN TESTS") and block.endswith("### END HIDDEN TESTS")
+            assert "attn_utils" not in block and "exercises" not in block
+    wrong = causal_softmax_with(axis=-2)["causal_softmax"]
+    notebook = {"__builtins__": builtins, "causal_softmax": wrong, "abs": lambda x: 0, "sum": lambda x: 1.0,
+                "max": lambda *a: 0.0, "AssertionError": Warning}  # what a cheating notebook may define
+    block = hidden.hidden_block("ch0-ex2", "rows sum to one", ("causal_softmax",))
+    with pytest.raises(AssertionError, match="a row of weights sums to"):
+        exec(compile(block, "<test cell>", "exec"), notebook)
+    exec(compile(hidden.hidden_block("ch0-ex2", "causal mask", ("causal_softmax",)), "<test cell>", "exec"), notebook)
+    assert "_hidden_test" not in notebook and "_hidden_builtins" not in notebook  # it cleans up when it passes
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"parameters": {"bogus": 1}}, "has a parameter 'bogus'"),
-    ({"parameters": {"L": 0}}, "parameter L must be"),
-    ({"notebooks": ["ch5_reproducibility"]}, "'ch5_reproducibility' has no coding exercise"),
-    ({"notebooks": ["ch9_missing"]}, "notebook 'ch9_missing' not found"),
-])
-def test_student_copies_reject_bad_input(tmp_path, kwargs, message):
-    with pytest.raises(ValueError, match=re.escape(message)):
-        student.student_copies(tmp_path / "out", **kwargs)
-    assert not (tmp_path / "out").exists()
-
-
-# --- grading ---------------------------------------------------------------------------------------------
-
-
-def synthetic(path: Path, *sources: str, exercise: int = 0, chapter: str = "ch0_setting") -> Path:
-    """A tiny notebook that passes for a student copy of ``chapter``: cell ``exercise`` is its exercise cell,
-    a cell calling ``exercises.check`` its check cell."""
-    key = exercises.exercises_of(chapter)[0]
-    cells = [nbformat.v4.new_code_cell(s, metadata={student.CELL_KEY: i}) for i, s in enumerate(sources)]
-    cells[exercise].metadata.update(tags=["exercise"], exercise=key)
-    for cell in cells:
-        if "exercises.check(" in cell.source:
-            cell.metadata.update(tags=["exercise-check"], exercise=key)
-    nb = nbformat.v4.new_notebook(cells=cells, metadata={
-        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
-        "jupytext": {"notebook_metadata_filter": student.METADATA_KEY},
-        student.METADATA_KEY: {"notebook": chapter, "code_cells": len(cells), "exercises": [key]}})
-    if path.suffix == ".py":
-        jupytext.write(nb, path, fmt="py:percent")
-    else:
-        nbformat.write(nb, path)
-    return path
-
-
-def rows(out_csv: Path) -> dict[str, dict[str, str]]:
-    with out_csv.open() as f:
-        return {row["student"]: row for row in csv.DictReader(f)}
-
-
-SOLVED = "import torch\n" + solution_cells("ch0_setting")["ch0-ex2"].split("\n\n\ndemo")[0]
-STUB_CHECK = 'from attn_utils.classroom import exercises\nexercises.check("ch0-ex2", causal_softmax)'
-
-
-def test_grader_rejects_unreadable_and_mutilated_files_without_running_them(tmp_path, copies):
-    (tmp_path / "text.ipynb").write_text("this is not JSON")
-    (tmp_path / "essay.txt").write_text("hello")
-    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")]), tmp_path / "plain.ipynb")
-    nb = nbformat.read(copies / "ch0_setting.ipynb", as_version=4)
-    without_exercise = [c for c in nb.cells if "exercise" not in c.metadata.get("tags", [])]
-    nbformat.write(nbformat.v4.new_notebook(cells=without_exercise, metadata=nb.metadata), tmp_path / "noex.ipynb")
-    without_cell = [c for c in nb.cells if c.metadata.get(student.CELL_KEY) != 3]
-    nbformat.write(nbformat.v4.new_notebook(cells=without_cell, metadata=nb.metadata), tmp_path / "nocell.ipynb")
-    names = ["text.ipynb", "essay.txt", "plain.ipynb", "noex.ipynb", "nocell.ipynb"]
-    grades = grading.grade([tmp_path / n for n in names], tmp_path / "grades.csv", time_limit=1)
-    table = rows(tmp_path / "grades.csv")
-    assert len(grades) == len(table) == 5 and all(g.score == 0 for g in grades)
-    assert "not a notebook: text.ipynb cannot be read" in table["text"]["feedback"]
-    assert "neither an .ipynb nor a .py" in table["essay"]["feedback"]
-    assert "cannot tell which chapter" in table["plain"]["feedback"] and table["plain"]["max"] == ""
-    assert "the exercise cell of ch0-ex2 was deleted" in table["noex"]["feedback"]
-    assert "cell(s) 3 (" in table["nocell"]["feedback"] and table["nocell"]["max"] == "1.0"
-    assert (tmp_path / "feedback" / "nocell.md").read_text().startswith("# Feedback for nocell")
-
-
-@pytest.mark.slow
-def test_grader_scores_exercises_and_survives_crashes(tmp_path):
-    wrong = SOLVED.replace("e / e.sum(dim=-1", "e / e.sum(dim=-2")
-    assert wrong != SOLVED
-    subs = [synthetic(tmp_path / "solved.ipynb", SOLVED, STUB_CHECK),
-            synthetic(tmp_path / "wrong.ipynb", wrong, STUB_CHECK, "print('later cells still run')"),
-            synthetic(tmp_path / "raising.py", SOLVED + "\nraise ValueError('my own test')"),  # read by jupytext
-            synthetic(tmp_path / "crash.ipynb", SOLVED, "1 / 0"),
-            synthetic(tmp_path / "exits.ipynb", SOLVED, "import os\nos._exit(3)")]
-    grading.grade(subs, tmp_path / "grades.csv", time_limit=120)
-    table = rows(tmp_path / "grades.csv")
-    assert float(table["solved"]["score"]) == 1 and table["solved"]["feedback"] == "all 6 checks passed"
-    assert 0 < float(table["wrong"]["score"]) < 1 and "normalize over the keys" in table["wrong"]["feedback"]
-    assert float(table["raising"]["score"]) == 1
-    assert "your exercise cell raised ValueError: my own test" in table["raising"]["feedback"]
-    assert float(table["crash"]["score"]) == 0
-    assert table["crash"]["feedback"] == "crashed in cell 1 ('1 / 0'): ZeroDivisionError: division by zero"
-    assert float(table["exits"]["score"]) == 0 and "stopped before it could be graded" in table["exits"]["feedback"]
-
-
-@pytest.mark.slow
-def test_grader_stops_a_looping_submission_and_its_kernel(tmp_path, monkeypatch):
-    stopped = []
-
-    def spy(proc):  # note papermill's children (the kernel) before they are killed
-        stopped.extend((p, " ".join(p.cmdline())) for p in psutil.Process(proc.pid).children(recursive=True))
-        kill_tree(proc)
-
-    kill_tree = grading._kill_tree
-    monkeypatch.setattr(grading, "_kill_tree", spy)
-    sub = synthetic(tmp_path / "loop.ipynb", "while True:\n    pass", SOLVED, exercise=1)
-    (grade_row,) = grading.grade([sub], tmp_path / "grades.csv", time_limit=8)
-    assert grade_row.score == 0 and grade_row.feedback.startswith("did not finish within 8 s")
-    assert any("ipykernel" in cmdline for _, cmdline in stopped), "the kernel had not started: raise the limit"
-    survivors = [p for p, _ in stopped if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    assert not survivors, f"processes of the graded notebook survive: {survivors}"
-
-
-@pytest.mark.slow
-def test_grader_on_real_student_copies(tmp_path, copies):
-    """An unchanged copy scores zero with NotImplementedError; the copy with the solution gets full marks."""
-    nb = nbformat.read(copies / "ch0_setting.ipynb", as_version=4)
-    (tmp_path / "ann").mkdir()
-    nbformat.write(nb, tmp_path / "ann" / "ch0_setting.ipynb")
-    for cell in nb.cells:
-        if "exercise" in cell.metadata.get("tags", []):
-            cell.source = solution_cells("ch0_setting")["ch0-ex2"]
-    (tmp_path / "bob").mkdir()
-    nbformat.write(nb, tmp_path / "bob" / "ch0_setting.ipynb")
-    grading.grade([tmp_path / "ann" / "ch0_setting.ipynb", tmp_path / "bob" / "ch0_setting.ipynb"],
-                  tmp_path / "grades.csv", time_limit=300, parameters=SMALL)
-    table = rows(tmp_path / "grades.csv")
-    assert table["ann"]["exercise"] == "ch0-ex2" and float(table["ann"]["score"]) == 0
-    assert table["ann"]["feedback"].count("NotImplementedError: Exercise ch0-ex2") == 1
-    assert float(table["bob"]["score"]) == 1, table["bob"]["feedback"]
-
-
-@pytest.mark.parametrize("kwargs, message", [
-    ({"submissions": ["missing.ipynb"]}, "submission 'missing.ipynb' is not a file"),
-    ({"submissions": []}, "no submissions given"),
-    ({"parameters": {"bogus": 1}}, "has a parameter 'bogus'"),
-    ({"parameters": {"L": 0}}, "parameter L must be"),
-    ({"time_limit": 0}, "time_limit must be a number of seconds > 0"),
-])
-def test_grade_rejects_bad_input_before_any_work(tmp_path, kwargs, message):
-    sub = synthetic(tmp_path / "s.ipynb", SOLVED)
-    with pytest.raises(ValueError, match=re.escape(message)):
-        grading.grade(**{"submissions": [sub], "out_csv": tmp_path / "g.csv", **kwargs})
-    assert not (tmp_path / "g.csv").exists()
-
-
-# --- command line ------------------------------------------------------------------------------------------
-
-
-def test_cli_student_and_grade(tmp_path, capsys):
-    assert cli.main(["student", "--out", str(tmp_path / "copies"), "ch0_setting", "-p", "L", "64"]) == 0
-    assert {p.name for p in (tmp_path / "copies").iterdir()} == {"ch0_setting.ipynb", "ch0_setting.py", "README.md"}
-    (tmp_path / "bad.ipynb").write_text("{")
-    assert cli.main(["grade", str(tmp_path / "bad.ipynb"), "--out", str(tmp_path / "g.csv")]) == 0
-    assert "not a notebook" in rows(tmp_path / "g.csv")["bad"]["feedback"]
-    assert cli.main(["grade", str(tmp_path / "nope.ipynb")]) == 2
-    assert "nope.ipynb" in capsys.readouterr().err
-    assert cli.main(["grade", str(tmp_path / "bad.ipynb"), "-p", "bogus", "1"]) == 2
-    assert "'bogus'" in capsys.readouterr().err
-
+def test_hidden_tests_draw_new_inputs_each_time():
+    messages = {run_hidden("ch0-ex2", "values", causal_softmax_with(T_times=True)) for _ in range(3)}
+    assert len(messages) == 3  # a new seed (and new values) each time

@@ -126,10 +126,10 @@ def test_book_params_that_spaces_broke_explain_the_quoting(params, capsys):
 def test_auto_says_on_the_terminal_which_model_it_takes(tmp_path, capsys):
     nb = tmp_path / "nb.py"
     nb.write_text('# %% tags=["parameters"]\nmodel = "auto"\nL = 8\n')
-    cli._announce_model({}, [nb])
+    build.preflight([(nb, {}), (nb, {"L": 16})])  # once for both runs
     line = capsys.readouterr().out.strip()
     assert line.startswith("model 'auto' -> smollm2-135m: GPT-2 could not be loaded here (") and "\n" not in line
-    cli._announce_model({"model": "gpt2-random"}, [nb])
+    build.preflight([(nb, {"model": "gpt2-random"})])
     assert capsys.readouterr().out == ""
 
 

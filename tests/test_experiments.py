@@ -182,3 +182,89 @@ def test_sample_rows_bad_input():
         algorithms.sample_rows(8, 0)
     with pytest.raises(ValueError, match="rows must be"):
         algorithms.octave_blocks([3, 1])
+
+
+# --- query-row sampling of Algorithms 1-3 (rows_per_octave) -------------------------------------------------
+
+
+def sampled_reference(weights, x, pairs, per_octave, reading="sum_of_norms"):
+    """Algorithms 1-2 on the rows of sample_rows(L, per_octave), one row at a time: per (L, N, layer, head) the
+    means of d-tilde, the main sum and the fixed-set bound over the sampled rows with t + 1 > N keys, each row
+    weighted by the number of rows it stands for."""
+    layers, heads = np.asarray(weights).shape[:2]
+    records = []
+    for L_, N in pairs:
+        rows, weight = algorithms.sample_rows(L_, per_octave)
+        for layer in range(layers):
+            for head in range(heads):
+                sums, total = np.zeros(3), 0.0
+                for t, c in zip(rows, weight):
+                    if t + 1 <= N:
+                        continue
+                    w = np.asarray(weights[layer, head, t, : t + 1], dtype=float)
+                    xs = np.asarray(x[layer, head, : t + 1], dtype=float)
+                    vis = np.ones(t + 1, dtype=bool)
+                    selected = ref.top_n(w, vis, N)
+                    sums += c * np.array([ref.cumulative_distance(w, xs, selected, vis, reading),
+                                          ref.main_sum(w, xs, N, vis), ref.fixed_bound(w, xs, selected, vis)])
+                    total += c
+                records.append({"layer": layer, "head": head, "L": L_, "N": N,
+                                **dict(zip(("distance", "expectation", "bound"), sums / total))})
+    return pd.DataFrame(records)
+
+
+@pytest.mark.parametrize("per_octave", [1, 2, 3])
+def test_sampled_rows_match_the_weighted_loop_reference(data, per_octave):
+    w, x, _, _ = data
+    got = algorithms.distance_vs_length(w, x, N=3, lengths=LENGTHS, rows_per_octave=per_octave, progress=False)
+    same(got, sampled_reference(w, x, [(n, 3) for n in LENGTHS], per_octave), ["distance", "expectation", "bound"])
+    got = algorithms.distance_vs_n(w, x, Ns=(1, 5, 20), rows_per_octave=per_octave, reading="norm_of_sum",
+                                   progress=False)
+    want = sampled_reference(w, x, [(L, n) for n in (1, 5, 20)], per_octave, "norm_of_sum")
+    same(got, want, ["distance", "expectation", "bound"])
+
+
+def test_sampling_every_row_is_the_paper_s_full_average(data):
+    """A row budget at least as large as the last octave keeps every row with weight 1: the full means."""
+    w, x, _, _ = data
+    full = algorithms.distance_vs_length(w, x, N=2, lengths=LENGTHS, progress=False)
+    for per_octave in (L // 2, 10 * L):
+        sampled = algorithms.distance_vs_length(w, x, N=2, lengths=LENGTHS, rows_per_octave=per_octave, progress=False)
+        same(sampled, full, ["distance", "expectation", "bound"], rtol=1e-12, atol=1e-14)
+    # a small budget changes the means: the option is not ignored
+    small = algorithms.distance_vs_length(w, x, N=2, lengths=(L,), rows_per_octave=1, progress=False)
+    assert not np.allclose(small["distance"], full[full["L"] == L]["distance"], rtol=1e-6)
+
+
+def test_critical_n_on_sampled_rows_and_a_grid_per_length(data):
+    w, x, _, _ = data
+    grid = lambda length: (1, length // 4, length // 2)  # noqa: E731
+    result = algorithms.critical_n(w, x, LENGTHS, grid, alpha=0.01, rows_per_octave=2, progress=False)
+    assert sorted(zip(result.tests["L"], result.tests["N"])) == sorted((n, k) for n in LENGTHS for k in grid(n))
+    for L_ in LENGTHS:
+        means = algorithms.distance_vs_length(w, x, N=L_ // 4, lengths=(L_,), rows_per_octave=2, progress=False)
+        direct = ks_2samp(means["distance"], means["expectation"])
+        row = result.tests[(result.tests["L"] == L_) & (result.tests["N"] == L_ // 4)].iloc[0]
+        assert row["statistic"] == pytest.approx(direct.statistic) and row["pvalue"] == pytest.approx(direct.pvalue)
+    full = algorithms.critical_n(w, x, LENGTHS, (1, 2, 4, 8, 16), rows_per_octave=L, progress=False)
+    want_tests, want_summary = ref.critical_n(w, x, LENGTHS, (1, 2, 4, 8, 16), 0.01)
+    same(full.tests, want_tests, ["statistic", "pvalue"])
+    assert full.summary["critical_n"].tolist() == want_summary["critical_n"].tolist()
+
+
+def test_rows_are_renormalised_before_they_are_measured(data):
+    """Attention stored in float32 sums to one only up to ~1e-7: each row is divided by its sum first."""
+    w, x, _, _ = data
+    g = torch.Generator().manual_seed(3)
+    off = w * (1 + 1e-7 * torch.randn(*w.shape[:-1], 1, generator=g, dtype=torch.float64))
+    for per_octave in (None, 2):
+        base = algorithms.distance_vs_n(w, x, Ns=(2, 7), rows_per_octave=per_octave, progress=False)
+        moved = algorithms.distance_vs_n(off, x, Ns=(2, 7), rows_per_octave=per_octave, progress=False)
+        same(moved, base, ["distance", "expectation", "bound"], rtol=1e-12)
+
+
+@pytest.mark.parametrize("per_octave", [0, -1, 1.5])
+def test_bad_rows_per_octave(data, per_octave):
+    w, x, _, _ = data
+    with pytest.raises(ValueError, match="rows_per_octave"):
+        algorithms.distance_vs_n(w, x, Ns=(2,), rows_per_octave=per_octave, progress=False)

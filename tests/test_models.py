@@ -96,6 +96,23 @@ def test_pickled_weights_are_refused(tmp_path):
     (folder / "pytorch_model.bin").write_bytes(b"a pickle that must never be opened")
     with pytest.raises(ValueError, match="pytorch_model.bin; pickled weights are refused"):
         load_model(str(folder))
+    with pytest.raises(ValueError, match="pytorch_model.bin; pickled weights are refused"):
+        loading.model_context(str(folder))
+
+
+def test_context_and_tokenizer_come_without_the_weights(tmp_path):
+    folder = _tiny_gpt2_folder(tmp_path / "tiny")
+    start = time.perf_counter()
+    assert loading.model_context("gpt2-random") == 1024
+    assert loading.model_context("smollm2-135m") == 8192  # from the GGUF metadata
+    assert loading.model_context(str(folder)) == 64
+    assert loading.load_tokenizer(str(folder))("Hello world")["input_ids"] == [15496, 995]
+    assert loading.load_tokenizer("gpt2-random")("Hello world")["input_ids"] == [15496, 995]
+    assert len(loading.load_tokenizer("smollm2-135m")) == 49152
+    assert time.perf_counter() - start < 20  # a model load (the conversion of SmolLM2) takes longer
+    for bad in ("gtp2", None):
+        with pytest.raises(ValueError, match=f"unknown model {bad!r}"):
+            loading.model_context(bad)
 
 
 def test_local_hub_cache_comes_first_and_auto_takes_gpt2_from_it(monkeypatch, tmp_path):
@@ -111,6 +128,7 @@ def test_local_hub_cache_comes_first_and_auto_takes_gpt2_from_it(monkeypatch, tm
     _, _, prov = load_model("gpt2")
     assert (prov.model, prov.architecture["n_layers"]) == ("gpt2", 2)
     assert prov.model_source == prov.tokenizer == f"openai-community/gpt2@{commit}"
+    assert loading.model_context("gpt2") == loading.model_context("auto") == 64
     _, _, prov = load_model("auto")
     assert prov.model == "gpt2" and prov.notes == ["auto: took gpt2 because GPT-2 is in the local Hugging Face cache"]
     assert loading.choose_auto() == ("gpt2", "GPT-2 is in the local Hugging Face cache")
@@ -121,6 +139,8 @@ def test_hub_id_offline_fails_at_once(monkeypatch, empty_hub):
     start = time.perf_counter()
     with pytest.raises(ModelUnavailable, match="HF_HUB_OFFLINE is set"):
         load_model("gpt2")
+    with pytest.raises(ModelUnavailable, match="HF_HUB_OFFLINE is set"):
+        loading.model_context("gpt2")
     assert time.perf_counter() - start < 2
 
 
@@ -167,7 +187,9 @@ def test_smollm2_is_the_embedded_pretrained_model():
                                  "context_length": 8192}
     assert prov.weights_sha256 == sha256_file(loading.smollm2_gguf()) and prov.pretrained is True
     assert len(tok) == 49152 and tok.model_max_length == 8192
+    assert loading.model_context("smollm2-135m") == 8192
     ids = tok("The capital of France is", return_tensors="pt")["input_ids"]
+    assert loading.load_tokenizer("smollm2-135m")("The capital of France is")["input_ids"] == ids[0].tolist()
     with torch.inference_mode():
         assert tok.decode(model(ids).logits[0, -1].argmax()) == " Paris"
 

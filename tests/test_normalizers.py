@@ -12,18 +12,15 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from attn_utils.mathematics.normalizers import (
-    NORMALIZERS,
-    SUMS_TO_ONE,
     causal_mask,
     general,
-    normalize,
     self_adjust,
     self_adjust_normalized,
     softmax,
     softmax1,
     ssmax,
-    sums_to_one,
 )
+from attn_utils.mathematics.registry import REGISTRY, get, normalize
 
 DISTRIBUTIONS = ["softmax", "general", "sparsemax", "entmax15", "ssmax"]
 NOT_DISTRIBUTIONS = ["softmax1", "self_adjust", "self_adjust_normalized"]
@@ -68,10 +65,8 @@ def test_entmax_readme_golden_values():
 
 
 def test_registry_and_sums_to_one_flags():
-    assert set(NORMALIZERS) == set(DISTRIBUTIONS) | set(NOT_DISTRIBUTIONS)
-    assert SUMS_TO_ONE == set(DISTRIBUTIONS)
-    assert all(sums_to_one(n) for n in DISTRIBUTIONS)
-    assert not any(sums_to_one(n) for n in NOT_DISTRIBUTIONS)
+    assert set(REGISTRY) == set(DISTRIBUTIONS) | set(NOT_DISTRIBUTIONS)
+    assert {n for n, r in REGISTRY.items() if r.sums_to_one} == set(DISTRIBUTIONS)
 
 
 def test_tiny_temperature_is_exact_scaling():
@@ -341,13 +336,15 @@ def test_bad_s(s):
 
 
 def test_unknown_name_lists_known_names():
-    with pytest.raises(ValueError, match=r"name must be one of .*softmax1.*got 'softmax2'"):
+    with pytest.raises(ValueError, match=r"unknown normalizer 'softmax2'; known normalizers: .*softmax1"):
         normalize(torch.zeros(3), "softmax2")
-    with pytest.raises(ValueError, match=r"name must be one of"):
-        sums_to_one("softmax2")
+    with pytest.raises(ValueError, match=r"unknown normalizer 'softmax2'"):
+        get("softmax2")
+    with pytest.raises(ValueError, match=r"normalizer 'softmax' takes the parameters \['T'\], not \['s'\]"):
+        normalize(torch.zeros(3), "softmax", s=2.0)
 
 
-@pytest.mark.parametrize("name", sorted(NORMALIZERS))
+@pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_nan_logits(name):
     x = torch.tensor([0.0, math.nan, 1.0])
     with pytest.raises(ValueError, match=r"logits contains NaN"):

@@ -69,3 +69,39 @@ def test_notebook_itself_rejects_invalid_parameter(tmp_path):
     code = [c for c in executed.cells if c.cell_type == "code"]
     failing = next(i for i, c in enumerate(code) if any(o.get("output_type") == "error" for o in c.outputs))
     assert "injected-parameters" in code[failing - 1].metadata.get("tags", []), "must fail right after the parameters"
+
+
+# --- chapter shape: the argument on the page, the machinery in the library ---------------------------------
+
+MAX_CODE_SHARE, MAX_CELL_LINES = 0.35, 25
+BOOKKEEPING = ("glue(", "glue_values(", "claims.record(", "record(")
+EXERCISE_TAGS = {"solution", "exercise", "exercise-check"}
+
+
+def _code_lines(cell) -> list[str]:
+    return [line for line in cell.source.splitlines() if line.strip()]
+
+
+def _tags(cell) -> set[str]:
+    return set(cell.metadata.get("tags", []))
+
+
+@pytest.mark.parametrize("src", SOURCES, ids=lambda p: p.stem)
+def test_chapter_reads_like_a_book(src):
+    """At most 35 % of a chapter's non-blank lines are code; no code cell over 25 non-blank lines; no function or
+    class defined outside an exercise's solution; bookkeeping (glue, ledger records) is in hidden cells."""
+    cells = jupytext.read(src).cells
+    code = sum(len(_code_lines(c)) for c in cells if c.cell_type == "code")
+    prose = sum(len(_code_lines(c)) for c in cells if c.cell_type == "markdown")
+    assert code <= MAX_CODE_SHARE * (code + prose), \
+        f"{src.stem}: {code} of {code + prose} non-blank lines are code ({code / (code + prose):.0%} > 35 %)"
+    for i, cell in enumerate(c for c in cells if c.cell_type == "code"):
+        lines = _code_lines(cell)
+        assert len(lines) <= MAX_CELL_LINES, f"{src.stem}: code cell {i} has {len(lines)} non-blank lines"
+        if not _tags(cell) & EXERCISE_TAGS:
+            defined = [n.name for n in ast.walk(ast.parse(cell.source))
+                       if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+            assert not defined, f"{src.stem}: code cell {i} defines {defined}; move it into attn_utils"
+        if any(word in line for line in lines for word in BOOKKEEPING) and "parameters" not in _tags(cell):
+            assert "remove-cell" in _tags(cell), \
+                f"{src.stem}: code cell {i} does bookkeeping (glue / ledger records) but is not tagged remove-cell"

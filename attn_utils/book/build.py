@@ -9,7 +9,10 @@ files are never modified.
 from __future__ import annotations
 
 import ast
+import copy
+import functools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,7 +21,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import jupytext
 import nbformat
@@ -26,8 +29,8 @@ import papermill
 import yaml
 from traitlets.config import Config
 
-from attn_utils.book.params import validate
 from attn_utils.book import runlog
+from attn_utils.book.params import FACTS, ParameterError, Parameters, validate
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK_DIR = ROOT / "notebooks"
@@ -72,8 +75,14 @@ def resolve_notebook(name: str | Path) -> Path:
 
 def notebook_parameters(src: Path) -> dict[str, Any]:
     """The parameters (name -> default) declared in the cell tagged ``parameters``."""
-    nb = jupytext.read(src)
-    for cell in nb.cells:
+    stat = Path(src).stat()
+    return copy.deepcopy(_parameters_cell(Path(src).resolve(), stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=64)
+def _parameters_cell(src: Path, mtime_ns: int, size: int) -> dict[str, Any]:
+    """:func:`notebook_parameters` of one version of a file (jupytext takes a while on a long notebook)."""
+    for cell in jupytext.read(src).cells:
         if "parameters" in cell.get("metadata", {}).get("tags", []):
             tree = ast.parse(cell.source)
             return {t.id: ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
@@ -81,13 +90,98 @@ def notebook_parameters(src: Path) -> dict[str, Any]:
     return {}
 
 
-def check_parameters(src: Path, parameters: dict[str, Any]) -> None:
-    """Refuse parameters the notebook does not declare, and invalid values, before executing anything."""
+def check_parameters(src: Path, parameters: dict[str, Any], facts: dict[str, Any] | None = None) -> Parameters:
+    """The values ``src`` will use with ``parameters`` over its defaults, checked against the specification and its
+    rules (with ``facts`` of the model and the corpus, when given; see :mod:`attn_utils.book.params`). Parameters the
+    notebook does not declare and invalid values are a ``ValueError`` naming the notebook and the parameter."""
     declared = notebook_parameters(src)
     unknown = sorted(set(parameters) - set(declared))
     if unknown:
         raise ValueError(f"{src.stem} has no parameter {unknown[0]!r}; its parameters are {sorted(declared)}")
-    validate(**parameters)
+    try:
+        return validate(facts=facts, **{**declared, **parameters})
+    except ParameterError as err:
+        defaults = [n for n in err.names if n in declared and n not in parameters]
+        said = ", ".join(f"{n} = {declared[n]!r}" for n in defaults)
+        hint = f" (the default{'s' * (len(defaults) > 1)} of {src.stem}: {said})" if defaults else ""
+        raise ParameterError(err.names, f"{src.stem}: {err}{hint}") from None
+
+
+def preflight(runs: Iterable[tuple[Path, dict[str, Any]]]) -> list[Parameters]:
+    """Check every ``(notebook, parameters)`` run before any notebook executes, in seconds; return the values each
+    will use (:func:`check_parameters`).
+
+    For a notebook that declares a model, the model is resolved (``auto`` says which it takes) and its context is
+    read from its configuration, without its weights; with a corpus, the text is read and tokenized as far as the
+    window needs. The rules on these facts (``L`` and ``long_lengths`` within the context, ``offset + L`` within
+    the corpus) then apply. Models, tokenizers and texts are read once for all the runs.
+    """
+    cache: dict[tuple, Any] = {}
+    resolved = []
+    for src, parameters in runs:
+        values = check_parameters(src, parameters)
+        if "model" in values:
+            name, facts = _facts(src, values, cache)
+            try:
+                values = check_parameters(src, parameters, facts)
+            except ParameterError as err:
+                if not set(err.names) & set(FACTS):
+                    raise
+                detail = str(err).removeprefix(f"{src.stem}: ")
+                of = f" ({facts['context']} tokens of context)" if "context" in err.names else ""
+                raise ParameterError(err.names, f"{src.stem} with model {name!r}{of}: {detail}") from None
+        resolved.append(values)
+    return resolved
+
+
+def _facts(src: Path, values: Parameters, cache: dict[tuple, Any]) -> tuple[str, dict[str, int]]:
+    """The model a run takes (``auto`` resolved) and the :data:`~attn_utils.book.params.FACTS` of its parameters;
+    ``cache`` keeps models, tokenizers and texts between runs."""
+    from attn_utils.models.corpus import load_text  # torch and transformers: imported only here
+    from attn_utils.models.loading import choose_auto, load_tokenizer, model_context
+
+    def once(key, read):
+        if key not in cache:
+            cache[key] = read()
+        return cache[key]
+
+    def resolve():
+        if values.model != "auto":
+            return values.model
+        name, why = choose_auto()
+        print(f"model 'auto' -> {name}: {why}", flush=True)
+        return name
+
+    name = once(("name", values.model), resolve)
+    try:
+        facts = {"context": once(("context", name), lambda: model_context(name))}
+        tokenizer = once(("tokenizer", name), lambda: load_tokenizer(name)) if {"corpus", "L"} <= set(values) else None
+    except OSError as err:  # a folder without its configuration or tokenizer files
+        raise ValueError(f"{src.stem}: model {name!r}: {err}") from None
+    if tokenizer is not None:
+        corpus, chapters = values.corpus, values.get("chapters")
+        try:
+            text = once(("text", corpus, str(chapters)), lambda: load_text(
+                None if corpus == "war-and-peace" else corpus, chapters=tuple(chapters) if chapters else None).text)
+        except (OSError, ValueError) as err:
+            within = f", chapters = {chapters}" if chapters else ""
+            raise ValueError(f"{src.stem}: corpus = {corpus!r}{within}: {err}") from None
+        needed = values.get("offset", 0) + values.L
+        facts["corpus_tokens"] = once(("tokens", name, corpus, str(chapters), needed),
+                                      lambda: _count_tokens(text, tokenizer, needed))
+    return name, facts
+
+
+def _count_tokens(text: str, tokenizer, needed: int) -> int:
+    """The tokens of ``text``, counted on a prefix that holds ``needed`` of them and a margin (so cutting it inside a
+    word cannot matter), or on the whole text when it has fewer."""
+    margin = 64
+    chars = 6 * (needed + margin)
+    while True:
+        n = len(tokenizer(text[:chars], add_special_tokens=False, verbose=False)["input_ids"])
+        if n >= needed + margin or chars >= len(text):
+            return n
+        chars *= 2
 
 
 def execute_notebook(src: Path, out: Path, parameters: dict[str, Any] | None = None, *,
@@ -180,14 +274,42 @@ class BookResult:
     timings: dict[str, float]
 
 
+def reads_run_records(src: Path) -> bool:
+    """Whether a notebook reads what the other notebooks of the build recorded (its jupytext header says
+    ``attn_companion: {reads_run_records: true}``); such notebooks execute after all the others."""
+    return bool(jupytext.read(src).metadata.get("attn_companion", {}).get("reads_run_records"))
+
+
+def _configure(config: Path, repository: str | None) -> None:
+    """Point the staged ``_config.yml`` at the public repository and turn on the buttons that need one."""
+    if not repository:
+        return
+    settings = yaml.safe_load(config.read_text())
+    settings["repository"]["url"] = repository
+    settings["html"].update(use_repository_button=True, use_issues_button=True)
+    settings["launch_buttons"].update(binderhub_url="https://mybinder.org", colab_url="https://colab.research.google.com")
+    config.write_text(yaml.safe_dump(settings, sort_keys=False))
+
+
+def check_repository(repository: str | None) -> str | None:
+    """``None`` or a GitHub repository address ``https://github.com/OWNER/NAME`` (ValueError otherwise)."""
+    if repository and not re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", repository):
+        raise ValueError(f"repository must look like https://github.com/OWNER/NAME, got {repository!r}")
+    return repository or None
+
+
 def build_book(parameters: dict[str, Any] | None = None, *, root: Path = ROOT, out: Path | None = None,
-               progress: bool = True) -> BookResult:
+               progress: bool = True, repository: str | None = None) -> BookResult:
     """Execute every notebook of the book and build the HTML into ``out`` (default ``_build/html``).
 
     A parameter is passed to every notebook that declares it; one that no notebook declares is an
-    error. On any failure the previous ``out`` is left untouched.
+    error, and so is any failure of :func:`preflight`, before anything executes. Notebooks run in the
+    order of ``_toc.yml``, except those that read the build's run records (the claims ledger), which run
+    last. ``repository`` (default ``$ATTN_COMPANION_REPOSITORY``) turns on the repository, Binder and
+    Colab buttons. On any failure the previous ``out`` is left untouched.
     """
     parameters = dict(parameters or {})
+    repository = check_repository(repository or os.environ.get("ATTN_COMPANION_REPOSITORY"))
     out = (out or root / "_build" / "html").resolve()
     notebooks = book_notebooks(root)
     declared = {nb: notebook_parameters(nb) for nb in notebooks}
@@ -195,25 +317,27 @@ def build_book(parameters: dict[str, Any] | None = None, *, root: Path = ROOT, o
     if unknown:
         raise ValueError(f"no notebook has a parameter {unknown[0]!r}; "
                          f"known parameters: {sorted(set().union(*declared.values()))}")
-    validate(**parameters)
+    own = {nb: {k: v for k, v in parameters.items() if k in declared[nb]} for nb in notebooks}
+    preflight(own.items())
 
     out.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_staging(out.parent)
     staging = Path(tempfile.mkdtemp(prefix=f".staging-{os.getpid()}-", dir=out.parent))
     try:
-        for name in ("_config.yml", "_toc.yml", "book"):
+        for name in ("_config.yml", "_toc.yml", "book", "_static"):
             src = root / name
-            (shutil.copytree if src.is_dir() else shutil.copy2)(src, staging / name)
+            if src.exists():
+                (shutil.copytree if src.is_dir() else shutil.copy2)(src, staging / name)
+        _configure(staging / "_config.yml", repository)
         run_dir = staging / "_run"
         run_dir.mkdir()
         timings: dict[str, float] = {}
-        for i, nb in enumerate(notebooks, 1):
-            own = {k: v for k, v in parameters.items() if k in declared[nb]}
-            print(f"[{i}/{len(notebooks)}] executing {nb.name} {own or ''}", flush=True)
-            timings[nb.stem] = execute_notebook(nb, staging / "notebooks" / f"{nb.stem}.ipynb", own,
+        for i, nb in enumerate(sorted(notebooks, key=reads_run_records), 1):
+            print(f"[{i}/{len(notebooks)}] executing {nb.name} {own[nb] or ''}", flush=True)
+            timings[nb.stem] = execute_notebook(nb, staging / "notebooks" / f"{nb.stem}.ipynb", own[nb],
                                                 run_dir=run_dir, progress=progress)
             runlog.write("notebooks", f"{i:02d}-{nb.stem}", {"notebook": nb.stem, "seconds": timings[nb.stem],
-                                                              "parameters": own}, folder=run_dir)
+                                                              "parameters": own[nb]}, folder=run_dir)
             print(f"[{i}/{len(notebooks)}] {nb.name} done in {timings[nb.stem]:.1f} s", flush=True)
         print("building the HTML with Jupyter Book", flush=True)
         build = subprocess.run([sys.executable, "-c", "from jupyter_book.cli.main import main; main()", "build", str(staging), "-W", "--keep-going",

@@ -1,29 +1,176 @@
-"""The claims ledger: each claim of the paper, the value we measured, and a verdict.
+"""The claims ledger: every claim the book tests, the rule that decides it, and what a build measured.
 
-Notebooks call :func:`record` as they test a claim; the reproducibility chapter collects every
-record with :func:`load` (records live in the build's run folder, see :mod:`attn_utils.book.runlog`).
+A claim is data. ``attn_utils/book/ledger/<chapter>.yml`` states, per key: the claim, what the paper says, a
+template of what we measured (``ours``, whose ``{name}`` fields are filled with :func:`formatting.fmt`), and
+the rule that turns the measured values into a verdict, e.g.::
+
+    ch4-fig4-collapse:
+      claim: For T >= 1 the curves of the three eps collapse
+      paper: all curves collapse once T >= 1
+      ours: "largest ratio max_eps g / min_eps g over T >= 1: {spread}"
+      rule: [reproduced if spread <= 1.25, otherwise not reproduced]
+
+A chapter measures and calls ``record("ch4-fig4-collapse", model=name, spread=spread)``: the rule computes the
+verdict and states itself in the ledger, so a verdict can never drift from its stated rule. The reproducibility
+chapter collects a build's records with :func:`load` (they live in the build's run folder, see
+:mod:`attn_utils.book.runlog`).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import ast
+import functools
+import math
+import operator
+import string
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
+import yaml
 
 from attn_utils.book import runlog
-from attn_utils.mathematics.validation import check_choice
+from attn_utils.book.formatting import _scalar, fmt
 
 VERDICTS = ("reproduced", "partly reproduced", "not reproduced", "not comparable", "holds", "fails")
+LEDGER_DIR = Path(__file__).resolve().parent / "ledger"
+
+_COMPARE = {ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
+            ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.In: lambda a, b: a in b,
+            ast.NotIn: lambda a, b: a not in b}
+_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.Pow: operator.pow}
+_FUNCTIONS = {"abs": abs, "min": min, "max": max, "all": all, "any": any, "len": len, "isnan": math.isnan,
+              "isfinite": math.isfinite}
+
+
+def evaluate(expression: str, values: Mapping[str, Any]) -> Any:
+    """Value of a rule's condition: comparisons (chained too), ``and``/``or``/``not``, arithmetic, numbers,
+    lists, the named values and ``abs min max all any len isnan isfinite``; nothing else can run."""
+    def ev(node):
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float, str, bool)):
+            return node.value
+        if isinstance(node, ast.Name):
+            if node.id not in values:
+                raise ValueError(f"rule {expression!r} needs the value {node.id!r}; given: {sorted(values)}")
+            return _scalar(values[node.id])
+        if isinstance(node, (ast.List, ast.Tuple)):
+            return [ev(e) for e in node.elts]
+        if isinstance(node, ast.BoolOp):
+            results = (ev(v) for v in node.values)
+            return all(results) if isinstance(node.op, ast.And) else any(results)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub)):
+            return (not ev(node.operand)) if isinstance(node.op, ast.Not) else -ev(node.operand)
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+            return _BINARY[type(node.op)](ev(node.left), ev(node.right))
+        if isinstance(node, ast.Compare):
+            left = ev(node.left)
+            for op, comparator in zip(node.ops, node.comparators):
+                right = ev(comparator)
+                if not _COMPARE[type(op)](left, right):
+                    return False
+                left = right
+            return True
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS \
+                and not node.keywords:
+            return _FUNCTIONS[node.func.id](*(ev(a) for a in node.args))
+        raise ValueError(f"rule {expression!r}: {ast.dump(node)[:60]} is not allowed in a rule")
+
+    try:
+        tree = ast.parse(expression, mode="eval")
+    except SyntaxError as err:
+        raise ValueError(f"rule {expression!r} is not an expression: {err.msg}") from None
+    return ev(tree)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Ordered cases ``VERDICT if CONDITION``; the first whose condition holds decides, else ``otherwise``."""
+
+    cases: tuple[tuple[str, str], ...]
+    otherwise: str
+
+    @classmethod
+    def parse(cls, lines: Sequence[str]) -> Rule:
+        """From ``["reproduced if x <= 1", "partly reproduced if x <= 2", "otherwise not reproduced"]``."""
+        if isinstance(lines, str):
+            lines = [lines]
+        *case_lines, last = [" ".join(str(line).split()) for line in lines]
+        if not last.startswith("otherwise "):
+            raise ValueError(f"a rule ends with 'otherwise VERDICT', got {last!r}")
+        cases = []
+        for line in case_lines:
+            verdict, sep, condition = line.partition(" if ")
+            if not sep:
+                raise ValueError(f"a rule case reads 'VERDICT if CONDITION', got {line!r}")
+            cases.append((verdict, condition))
+        rule = cls(tuple(cases), last.removeprefix("otherwise "))
+        for verdict in [*(v for v, _ in rule.cases), rule.otherwise]:
+            if verdict not in VERDICTS:
+                raise ValueError(f"unknown verdict {verdict!r} in a rule; verdicts: {list(VERDICTS)}")
+        for _, condition in rule.cases:
+            try:
+                ast.parse(condition, mode="eval")
+            except SyntaxError as err:
+                raise ValueError(f"rule condition {condition!r} is not an expression: {err.msg}") from None
+        return rule
+
+    def verdict(self, values: Mapping[str, Any]) -> str:
+        """The verdict of the first case whose condition holds on ``values``, else ``otherwise``."""
+        for verdict, condition in self.cases:
+            if evaluate(condition, values):
+                return verdict
+        return self.otherwise
+
+    def __str__(self) -> str:
+        return "; ".join([*(f"{v} if {c}" for v, c in self.cases), f"otherwise {self.otherwise}"])
+
+
+@dataclass(frozen=True)
+class ClaimSpec:
+    """What the ledger file states of one claim (see the module docstring)."""
+
+    key: str
+    chapter: str
+    claim: str
+    paper: str
+    ours: str
+    rule: Rule
+    note: str = ""
+    headline: bool = False    # one of the paper's headline claims, shown on the book's first page
+
+
+@functools.cache
+def specs(folder: Path = LEDGER_DIR) -> dict[str, ClaimSpec]:
+    """Every claim stated in ``folder/*.yml`` (one file per chapter, named after it), by key."""
+    found: dict[str, ClaimSpec] = {}
+    for path in sorted(folder.glob("*.yml")):
+        for key, entry in (yaml.safe_load(path.read_text()) or {}).items():
+            if key in found:
+                raise ValueError(f"claim {key!r} is stated twice ({path.name} and {found[key].chapter}.yml)")
+            unknown = set(entry) - {"claim", "paper", "ours", "rule", "note", "headline"}
+            if unknown or not {"claim", "paper", "ours", "rule"} <= set(entry):
+                raise ValueError(f"{path.name}: claim {key!r} needs claim, paper, ours and rule (and may have note, "
+                                 f"headline); got {sorted(entry)}")
+            found[key] = ClaimSpec(key=key, chapter=path.stem, claim=entry["claim"], paper=entry["paper"],
+                                   ours=entry["ours"], rule=Rule.parse(entry["rule"]), note=entry.get("note", ""),
+                                   headline=bool(entry.get("headline", False)))
+    return found
+
+
+class _Template(string.Formatter):
+    def format_field(self, value, format_spec):
+        return format(_scalar(value), format_spec) if format_spec else fmt(value)
 
 
 @dataclass(frozen=True)
 class Claim:
-    """One row of the ledger.
-
-    ``paper`` is what the paper states (its number or bound, in words); ``ours`` is what this run
-    measured; ``verdict`` is one of :data:`VERDICTS` (``holds``/``fails`` for theorems checked on
-    synthetic data, the others for empirical claims about a pretrained model).
-    """
+    """One row of the ledger: the claim, what the paper says, what this run measured, and the verdict of its rule
+    (``holds``/``fails`` for statements checked on synthetic data, the others for claims about a pretrained
+    model). ``model`` names the model that produced it, ``synthetic`` for synthetic data."""
 
     key: str
     chapter: str
@@ -32,14 +179,39 @@ class Claim:
     ours: str
     verdict: str
     model: str
+    rule: str
     note: str = ""
-
-    def __post_init__(self):
-        check_choice("verdict", self.verdict, VERDICTS)
+    values: dict = field(default_factory=dict)
 
 
-def record(claim: Claim) -> Claim:
-    """Write ``claim`` to the run folder (one file per key, so re-running a notebook replaces its rows)."""
+def judge(key: str, *, model: str, **values: Any) -> Claim:
+    """The ledger row of claim ``key`` for the measured ``values`` (its rule gives the verdict)."""
+    known = specs()
+    if key not in known:
+        raise ValueError(f"unknown claim {key!r}; claims are stated in {LEDGER_DIR}/<chapter>.yml")
+    spec = known[key]
+    try:
+        ours = _Template().format(spec.ours, **values)
+    except KeyError as err:
+        raise ValueError(f"claim {key!r}: its 'ours' text needs the value {err.args[0]!r}") from None
+    plain = {name: _plain(v) for name, v in values.items()}
+    return Claim(key=key, chapter=spec.chapter, claim=spec.claim, paper=spec.paper, ours=ours,
+                 verdict=spec.rule.verdict(plain), model=model, rule=str(spec.rule), note=spec.note, values=plain)
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-ready copy of a measured value (numpy and torch scalars and arrays become numbers and lists)."""
+    value = _scalar(value)
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def record(key: str, *, model: str, **values: Any) -> Claim:
+    """Judge claim ``key`` on ``values`` and write its row to the run folder (re-running replaces it)."""
+    claim = judge(key, model=model, **values)
     runlog.write("claims", claim.key, {**asdict(claim), "notebook": runlog.notebook()})
     return claim
 

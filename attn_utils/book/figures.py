@@ -5,6 +5,9 @@ import matplotlib.pyplot as plt
 import seaborn as sns
 
 PALETTE = "colorblind"
+# one colour per verdict in every table and figure (Okabe-Ito hues, distinguishable with colour-blindness)
+VERDICT_COLOURS = {"holds": "#7fd1ae", "reproduced": "#56B4E9", "partly reproduced": "#F0E442",
+                   "not reproduced": "#E69F00", "fails": "#CC79A7", "not comparable": "#c8c8c8"}
 
 
 def set_style() -> None:

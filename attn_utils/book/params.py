@@ -2,8 +2,10 @@
 
 Every notebook of the book has a cell tagged ``parameters``; the cell after it calls
 :func:`validate` on its own parameters, so an invalid value stops that notebook at once with a
-``ValueError`` naming the parameter and the allowed values. ``attn-companion`` calls the same
-function before it executes anything.
+``ValueError`` naming the parameter and the allowed values. :data:`SPECS` says what each parameter
+accepts, :data:`RULES` how parameters bound one another and the :data:`FACTS` of the model and the corpus.
+``attn-companion`` checks every notebook with the same function, its defaults filled in and the facts
+read (``attn_utils.book.build.preflight``), before it executes anything.
 """
 from __future__ import annotations
 
@@ -12,7 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-NORMALIZER_NAMES = ("softmax", "sparsemax", "entmax15", "ssmax", "softmax1", "self_adjust", "self_adjust_normalized")
+from attn_utils.mathematics import registry
+
+NORMALIZER_NAMES = registry.COMPARED
 
 
 @dataclass(frozen=True)
@@ -68,10 +72,12 @@ SPECS: dict[str, Spec] = {
     "chapters": Spec("None or [first, last] with 1 <= first <= last", _chapters,
                      "consecutive chapters of the novel (1-based, counted across its books); None = whole novel"),
     "offset": Spec("an integer >= 0", lambda v: _is_int(v, 0), "first token of the window in the tokenized text"),
-    "L": Spec("an integer >= 2 (and at most the model's context)", lambda v: _is_int(v, 2),
+    "L": Spec("an integer >= 2", lambda v: _is_int(v, 2),
               "window length in tokens"),
     "lengths": Spec("a non-empty increasing list of integers >= 2", _int_list(2, increasing=True),
-                    "the grid of lengths L"),
+                    "the grid of window lengths measured on the model"),
+    "synthetic_lengths": Spec("a non-empty increasing list of integers >= 2", _int_list(2, increasing=True),
+                              "the grid of row lengths of the synthetic checks (independent of L)"),
     "N": Spec("an integer >= 1", lambda v: _is_int(v, 1), "size of the top-N set"),
     "Ns": Spec("a non-empty increasing list of integers >= 1", _int_list(1, increasing=True),
                "the grid of top-N sizes"),
@@ -96,18 +102,133 @@ SPECS: dict[str, Spec] = {
                         "the normalizers compared"),
     "rows_per_octave": Spec("None (every query row) or an integer >= 1", lambda v: v is None or _is_int(v, 1),
                             "query rows sampled per octave of positions [2^k, 2^(k+1)) in the distance experiments"),
-    "long_lengths": Spec("None (2L and 4L, as far as the model's context allows) or a non-empty increasing list of "
-                         "integers > L within the model's context (checked once the model is loaded)",
+    "long_lengths": Spec("None or a non-empty increasing list of integers >= 3",
                          lambda v: v is None or _int_list(3, increasing=True)(v),
                          "windows longer than L for the long-context measurements (chapter ch6_beyond)"),
 }
 
 
-def validate(**values: Any) -> None:
-    """Check every given parameter against :data:`SPECS`; raise ``ValueError`` on the first bad one."""
+# fact -> (the parameters it is read from, what it is); attn-companion reads them before any notebook runs
+FACTS = {
+    "context": (("model",), "the model's context length in tokens, from its configuration"),
+    "corpus_tokens": (("model", "corpus"), "the tokens of the corpus (its chapters) under the model's tokenizer"),
+}
+
+
+class ParameterError(ValueError):
+    """An invalid parameter value; ``names`` are the parameters (and facts) that the failed check involves."""
+
+    def __init__(self, names: tuple[str, ...], message: str):
+        super().__init__(message)
+        self.names = names
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A rule between parameters (and :data:`FACTS`): ``derive`` maps their values to the value of ``names[0]``
+    that the notebook uses, raising ``ValueError`` when there is none; ``states`` says it in words."""
+
+    names: tuple[str, ...]
+    derive: Callable[..., Any]
+    states: str
+
+
+def _kept(name: str, limit: str, keep: Callable[[Any, Any], bool], relation: str) -> Callable[..., list]:
+    def derive(values, bound):
+        kept = [v for v in values if keep(v, bound)]
+        if not kept:
+            raise ValueError(f"parameter {name} keeps no value {relation} {limit} = {bound}: got {list(values)}; "
+                             f"give at least one value {relation} {bound}")
+        return kept
+    return derive
+
+
+def _n_below_l(N, L):
+    if N >= L:
+        raise ValueError(f"parameter N must be below L = {L}, got {N}")
+    return N
+
+
+def _l_in_context(L, context):
+    if L > context:
+        raise ValueError(f"parameter L must be at most the model's context of {context} tokens, got {L}")
+    return L
+
+
+def _long_lengths(long_lengths, L, context):
+    if long_lengths is None:
+        return [m * L for m in (2, 4) if m * L <= context]
+    if not all(L < v <= context for v in long_lengths):
+        within = (f"lengths in [{L + 1}, {context}] (above L = {L}, within the model's context of {context} tokens)"
+                  if context > L else f"None: the model's context of {context} tokens leaves no length above L = {L}")
+        raise ValueError(f"parameter long_lengths must be {within}, got {long_lengths!r}")
+    return list(long_lengths)
+
+
+def _window_in_corpus(offset, L, tokens):
+    if offset + L > tokens:
+        raise ValueError(f"parameters offset + L = {offset} + {L} = {offset + L} exceed the {tokens} tokens of the "
+                         "corpus; lower offset or L, or use a longer text (more chapters)")
+    return offset
+
+
+RULES: tuple[Rule, ...] = (  # in this order: a rule may use a value that an earlier one derived
+    Rule(("N", "L"), _n_below_l, "N must be below L"),
+    Rule(("lengths", "L"), _kept("lengths", "L", lambda v, b: v <= b, "<="),
+         "values of lengths above L are dropped; at least one must remain"),
+    Rule(("lengths", "N"), _kept("lengths", "N", lambda v, b: v > b, ">"),
+         "values of lengths not above N are dropped (a top-N set needs more than N keys); at least one must remain"),
+    Rule(("Ns", "L"), _kept("Ns", "L", lambda v, b: v < b, "<"),
+         "values of Ns not below L are dropped (a causal row needs more than N keys); at least one must remain"),
+    Rule(("L", "context"), _l_in_context, "L must be at most the model's context (read from its configuration)"),
+    Rule(("long_lengths", "L", "context"), _long_lengths,
+         "long_lengths None means 2L and 4L, those within the model's context; a list must hold increasing lengths "
+         "in [L + 1, context]"),
+    Rule(("offset", "L", "corpus_tokens"), _window_in_corpus,
+         "offset + L must not exceed the tokens of the corpus (its chapters) under the model's tokenizer"),
+)
+
+
+class Parameters(dict):
+    """The validated parameters, with the values that :data:`RULES` derived; also readable as attributes."""
+
+    __getattr__ = dict.__getitem__
+
+
+def validate(*, facts: dict[str, Any] | None = None, **values: Any) -> Parameters:
+    """Check every given parameter against :data:`SPECS`, then every rule of :data:`RULES` whose parameters are given
+    (rules on :data:`FACTS` apply when ``facts`` has them); raise :class:`ParameterError` naming the first bad one.
+    Returns the values the notebook uses (``Ns`` not below ``L`` dropped...)."""
     for name, value in values.items():
         spec = SPECS.get(name)
         if spec is None:
-            raise ValueError(f"unknown parameter {name!r}; known parameters: {sorted(SPECS)}")
+            raise ParameterError((name,), f"unknown parameter {name!r}; known parameters: {sorted(SPECS)}")
         if not spec.check(value):
-            raise ValueError(f"parameter {name} must be {spec.allowed}, got {value!r}")
+            raise ParameterError((name,), f"parameter {name} must be {spec.allowed}, got {value!r}")
+    resolved = Parameters(values)
+    known = {**(facts or {}), **resolved}
+    for rule in RULES:
+        if all(n in known for n in rule.names):
+            try:
+                resolved[rule.names[0]] = known[rule.names[0]] = rule.derive(*(known[n] for n in rule.names))
+            except ValueError as err:
+                raise ParameterError(rule.names, str(err)) from None
+    return resolved
+
+
+def describe(defaults: dict[str, Any]) -> str:
+    """What a notebook's parameters (name -> default) accept: for each, its meaning, allowed values, default (and the
+    value its rules derive from the defaults) and the rules that involve it, as text for ``attn-companion params``."""
+    try:
+        derived = validate(**defaults)
+    except ValueError:
+        derived = defaults
+    available = set(defaults) | {fact for fact, (sources, _) in FACTS.items() if set(sources) <= set(defaults)}
+    lines = []
+    for name, default in defaults.items():
+        spec = SPECS.get(name, Spec("? (not in attn_utils.book.params.SPECS)", bool, "?"))
+        used = f" (used: {derived[name]!r})" if derived[name] != default else ""
+        lines += [f"  {name} = {default!r}{used}", f"      {spec.doc}", f"      allowed: {spec.allowed}"]
+        lines += [f"      rule: {rule.states}" for rule in RULES if set(rule.names) <= available
+                  and (name in rule.names or any(name in FACTS[f][0] for f in rule.names if f in FACTS))]
+    return "\n".join(lines)

@@ -7,7 +7,7 @@ logits, ``(layers, heads, L, d)`` vectors.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable
 
 import torch
@@ -89,9 +89,21 @@ class Session:
                           f" of {self.corpus.name}"}
 
     def capture(self, *, layers: int | Iterable[int] | None = None, what: Iterable[str] = ("weights",),
-                dtype: torch.dtype = torch.float32) -> AttentionCapture:
-        """Capture ``what`` (fields of :data:`attn_utils.models.capture.FIELDS`) for ``layers`` (default all), stacked."""
-        return capture_all(self.model, self.input_ids, layers=layers, dtype=dtype, what=what)
+                dtype: torch.dtype = torch.float32, logit_scale: str = "raw") -> AttentionCapture:
+        """Capture ``what`` (fields of :data:`attn_utils.models.capture.FIELDS`) for ``layers`` (default all), stacked.
+
+        ``logit_scale`` is the scale of the logits: ``"raw"`` keeps ``q.k``, on which the model's temperature
+        (``captured.temperature``) is ``1 / scaling``; ``"model"`` returns ``q.k * scaling``, what the model's
+        softmax sees, with ``scaling`` set to 1, so that the model's temperature on that scale is 1. On both scales
+        ``softmax(logits * scaling + mask)`` gives the model's weights."""
+        validate(logit_scale=logit_scale)
+        captured = capture_all(self.model, self.input_ids, layers=layers, dtype=dtype, what=what)
+        if logit_scale == "raw":
+            return captured
+        logits = captured.logits
+        if logits is not None:
+            logits = logits * captured.scaling.to(logits.dtype).view(-1, 1, 1, 1)
+        return replace(captured, logits=logits, scaling=torch.ones_like(captured.scaling))
 
     def capture_layer(self, layer: int, *, what: Iterable[str] = ("weights",),
                       dtype: torch.dtype = torch.float64) -> LayerCapture:
@@ -105,6 +117,34 @@ class Session:
         """The per-head vectors playing the role of the paper's x_i: values (default), keys or queries."""
         validate(vectors=which)
         return getattr(captured, VECTOR_FIELD[which])
+
+    @property
+    def context(self) -> int:
+        """The longest window the model accepts (its context length, in tokens)."""
+        return int(self.provenance.architecture["context_length"])
+
+    def longer(self, length: int) -> "Session":
+        """The same model reading a longer window: ``length`` tokens of the same corpus from the same offset.
+
+        Causal attention makes the rows t <= L of the longer window exactly those of this session's window, so one
+        forward pass gives the measurements of every window length up to ``length``. The new window is checked: it
+        must fit the model's context (``ValueError`` naming ``length`` and the context otherwise) and its first L
+        tokens must be this session's window (``RuntimeError`` otherwise). The model and the provenance are shared;
+        the provenance records the longer window. ``length == L`` returns this session."""
+        from dataclasses import replace as _replace
+
+        if isinstance(length, bool) or not isinstance(length, int) or not self.L <= length <= self.context:
+            raise ValueError(f"length must be an integer in [L, context] = [{self.L}, {self.context}] (the model's "
+                             f"context is {self.context} tokens), got {length!r}")
+        if length == self.L:
+            return self
+        offset = self.provenance.window_offsets[0]
+        ids = token_windows(self.corpus, self.tokenizer, length, offset=offset)[0].to(self.input_ids.device)
+        if not torch.equal(ids[:self.L], self.input_ids):
+            raise RuntimeError(f"the first {self.L} tokens of the {length}-token window at offset {offset} are not the "
+                               f"{self.L}-token window: the tokenization of the corpus is not stable")
+        self.provenance.add_corpus(self.corpus, L=length, offset=offset)
+        return _replace(self, input_ids=ids)
 
     def provenance_table(self):
         """Stop the clock and return the provenance as Markdown, for the end of an experiment."""

@@ -14,7 +14,7 @@ from typing import Any
 
 import nbformat
 
-from attn_utils.book.build import NotebookFailed, check_parameters, execute_notebook
+from attn_utils.book.build import NotebookFailed, execute_notebook, preflight
 
 
 def run_slug(parameters: dict[str, Any]) -> str:
@@ -43,11 +43,16 @@ def extract_figures(notebook: Path, folder: Path) -> list[Path]:
 def run_one(src: Path, parameters: dict[str, Any], out_root: Path, *, progress: bool = True) -> Path:
     """Execute ``src`` with ``parameters`` into ``out_root/<notebook>/<slug>/``; return the executed notebook.
 
-    Invalid parameters are refused before anything is written. The folder's ``status.json`` says
-    ``running``, then ``ok`` (with the seconds) or ``failed`` (with the error); a failed run keeps
-    its executed notebook, traceback included. A re-run replaces the folder.
+    Parameters that fail :func:`~attn_utils.book.build.preflight` are refused before anything is written.
+    The folder's ``status.json`` says ``running``, then ``ok`` (with the seconds) or ``failed`` (with the
+    error); a failed run keeps its executed notebook, traceback included. A re-run replaces the folder.
     """
-    check_parameters(src, parameters)
+    preflight([(src, parameters)])
+    return _run(src, parameters, out_root, progress=progress)
+
+
+def _run(src: Path, parameters: dict[str, Any], out_root: Path, *, progress: bool) -> Path:
+    """:func:`run_one` without the preflight (done once for a whole sweep)."""
     folder = run_folder(src, parameters, out_root)
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -77,7 +82,7 @@ def _run_safely(args) -> dict[str, Any]:
     src, params, out_root = args
     out = run_folder(src, params, out_root) / f"{src.stem}.ipynb"
     try:
-        run_one(src, params, out_root, progress=False)
+        _run(src, params, out_root, progress=False)
         return {"parameters": params, "status": "ok", "notebook": str(out), "error": None}
     except (NotebookFailed, ValueError) as exc:
         return {"parameters": params, "status": "failed", "notebook": str(out) if out.exists() else None,
@@ -87,15 +92,15 @@ def _run_safely(args) -> dict[str, Any]:
 def sweep(src: Path, grid: dict[str, list[Any]], out_root: Path, *, jobs: int = 1) -> Path:
     """Execute ``src`` for every combination of ``grid`` values, ``jobs`` at a time; write an HTML index.
 
-    Every combination is validated before anything runs. A failing combination is listed in the
-    index with its error and does not stop the others; the function raises at the end if any failed.
+    Every combination passes :func:`~attn_utils.book.build.preflight` before anything runs. A failing
+    combination is listed in the index with its error and does not stop the others; the function raises
+    at the end if any failed.
     """
     if jobs < 1:
         raise ValueError(f"jobs must be an integer >= 1, got {jobs}")
     names = sorted(grid)
     combos = [dict(zip(names, values)) for values in itertools.product(*(grid[n] for n in names))]
-    for params in combos:
-        check_parameters(src, params)
+    preflight([(src, params) for params in combos])
     out_root = Path(out_root)
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         results = list(pool.map(_run_safely, [(src, p, out_root) for p in combos]))

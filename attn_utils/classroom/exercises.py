@@ -3,28 +3,36 @@
 :data:`EXERCISES` registers every coding exercise of the book. :func:`check` compares a reader's
 functions with references built on ``attn_utils`` and, when they disagree, raises :class:`CheckFailed`
 with a hint that names the likely mistake; :func:`evaluate` does the same without raising and returns a
-:class:`Result` with a score; :func:`report` runs them for the grader inside a submission's kernel.
-The student copies are written by :mod:`attn_utils.classroom.student`, the grading by :mod:`attn_utils.classroom.grading`
-(``book/teachers.md`` tells the whole workflow).
+:class:`Result` with a score. Both take one ``part`` of an exercise or all of them.
+
+In a class these checks are the *visible* tests of the nbgrader course that
+:mod:`attn_utils.classroom.student` writes (one test cell per part, the hint as its feedback); the
+grade itself also rests on the hidden tests of :mod:`attn_utils.classroom.hidden`, which do not go
+through this module (a student's notebook can patch it). ``book/teachers.md`` tells the whole workflow.
 """
 from __future__ import annotations
 
 import html
-import json
 import math
-import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 
-from attn_utils.mathematics import metrics, normalizers, theory
+from attn_utils.mathematics import metrics, normalizers
+
+
+def _theory():
+    """attn_utils.mathematics.theory, imported on first use (it loads scipy, which the kernels of most
+    chapters' checks do not need)."""
+    from attn_utils.mathematics import theory
+
+    return theory
 
 __all__ = ["EXERCISES", "CheckFailed", "Exercise", "Result", "check", "evaluate", "exercise_notebooks",
-           "exercises_of", "report"]
+           "exercises_of"]
 
 F64 = torch.float64
 
@@ -156,7 +164,7 @@ def _bound(f, F, a: float, L: int, rtol: float) -> None:
     label, fn = F
     what = f"max_weight_bound(F, a={a:g}, L={L}) with F(l) = {label}"
     got = _number(what, f.max_weight_bound(fn, a, L))
-    expected = theory.lemma1_bounds(fn, a, L).upper
+    expected = _theory().lemma1_bounds(fn, a, L).upper
     C2, ends = expected * L, fn(torch.tensor([-a, a], dtype=F64))
     _compare(what, got, expected, "it should be C2/L = max F / (L min F), extrema over [-a, a]",
              [(C2, "you forgot to divide by L"),
@@ -186,7 +194,7 @@ def _extreme_rows(f) -> None:
         row = _tensor(what, f.extreme_row(fn, a, L), (L,))
         if float(row.abs().max()) > a * (1 + 1e-12):
             raise CheckFailed(f"{what} has logits up to {float(row.abs().max()):.4g}: they must lie in [-a, a]")
-        bound, top = theory.lemma1_bounds(fn, a, L).upper, float(normalizers.general(row, F=fn).max())
+        bound, top = _theory().lemma1_bounds(fn, a, L).upper, float(normalizers.general(row, F=fn).max())
         if top < 0.9 * bound:
             raise CheckFailed(f"the largest weight of {what} is {top:.3g}, only {top / bound:.0%} of the bound "
                               f"{bound:.3g}: put one logit where F is largest and all others where F is smallest")
@@ -376,7 +384,7 @@ def _g_bound(f) -> None:
     row = _randn(30, seed=71, scale=4)
     for T in (0.01, 0.1, 1.0, 10.0):
         for eps in (1e-3, 1.0, 100.0):
-            value, bound = _g_value(f, row, T, eps), theory.finite_difference_bound(T, eps)
+            value, bound = _g_value(f, row, T, eps), _theory().finite_difference_bound(T, eps)
             if value > bound * (1 + 1e-9):
                 raise CheckFailed(f"g_row(row, T={T:g}, eps={eps:g}) = {value:.4g} exceeds the bound "
                                   f"min(1/(2T), sqrt(2)/eps) = {bound:.4g}, which holds for every row")
@@ -551,31 +559,42 @@ def _exercise(key: str) -> Exercise:
     return EXERCISES[key]
 
 
-def evaluate(key: str, namespace: Mapping[str, Any]) -> Result:
-    """Run every check of exercise ``key`` on the functions named in ``namespace``; never raises for them."""
+def _parts(ex: Exercise, part: str | None) -> list[str]:
+    if part is None:
+        return list(ex.parts)
+    if part not in ex.parts:
+        raise ValueError(f"exercise {ex.key} has no part {part!r}; its parts: {list(ex.parts)}")
+    return [part]
+
+
+def evaluate(key: str, namespace: Mapping[str, Any], part: str | None = None) -> Result:
+    """Run the checks of exercise ``key`` (every part, or only ``part``) on the functions named in
+    ``namespace``; never raises for them."""
     ex, result = _exercise(key), Result(key)
+    parts = _parts(ex, part)
     missing = [name for name in ex.names if not callable(namespace.get(name))]
     if missing:
         hint = f"{missing[0]} is not defined: keep the function name of the exercise cell"
-        result.failed = [(part, hint) for part in ex.parts]
+        result.failed = [(p, hint) for p in parts]
         return result
     functions = SimpleNamespace(**{name: namespace[name] for name in ex.names})
-    for part, run in ex.parts.items():
+    for name in parts:
         try:
-            run(functions)
-            result.passed.append(part)
+            ex.parts[name](functions)
+            result.passed.append(name)
         except CheckFailed as exc:
-            result.failed.append((part, str(exc)))
+            result.failed.append((name, str(exc)))
         except NotImplementedError as exc:
             result.unimplemented = result.unimplemented or str(exc) or f"exercise {key} is not implemented yet"
-            result.failed.append((part, f"{_TODO} (NotImplementedError: {exc})"))
+            result.failed.append((name, f"{_TODO} (NotImplementedError: {exc})"))
         except (Exception, SystemExit) as exc:  # a reader's function may raise anything
-            result.failed.append((part, f"your function raised {type(exc).__name__}: {exc}"))
+            result.failed.append((name, f"your function raised {type(exc).__name__}: {exc}"))
     return result
 
 
-def check(key: str, *functions: Callable) -> Result:
-    """Check a reader's functions for exercise ``key`` (in the order of ``EXERCISES[key].names``).
+def check(key: str, *functions: Callable, part: str | None = None) -> Result:
+    """Check a reader's functions for exercise ``key`` (in the order of ``EXERCISES[key].names``), on every
+    part or only on ``part``.
 
     Returns the :class:`Result` when every part passes; re-raises ``NotImplementedError`` for a stub;
     otherwise raises :class:`CheckFailed` whose message holds a hint for each failed part.
@@ -584,25 +603,9 @@ def check(key: str, *functions: Callable) -> Result:
     ex = _exercise(key)
     if len(functions) != len(ex.names):
         raise TypeError(f"check({key!r}, ...) takes the functions {', '.join(ex.names)}; got {len(functions)}")
-    result = evaluate(key, dict(zip(ex.names, functions)))
+    result = evaluate(key, dict(zip(ex.names, functions)), part)
     if result.unimplemented:
         raise NotImplementedError(result.unimplemented)
     if result.failed:
         raise CheckFailed(f"{key}: {result.feedback}")
     return result
-
-
-GRADE_OUT_ENV = "ATTN_COMPANION_GRADE_OUT"
-
-
-def report(notebook: str, namespace: Mapping[str, Any]) -> None:
-    """Evaluate every coding exercise of ``notebook``; write the results as JSON to ``$ATTN_COMPANION_GRADE_OUT``.
-
-    The grader appends a cell calling this to each submission, so the checks run in the submission's
-    kernel, never in the grader's process.
-    """
-    path = os.environ.get(GRADE_OUT_ENV)
-    if not path:
-        raise RuntimeError(f"{GRADE_OUT_ENV} is not set: report() is called by the grader's last cell")
-    results = {key: evaluate(key, namespace) for key in exercises_of(notebook)}
-    Path(path).write_text(json.dumps({k: {"score": r.score, "feedback": r.feedback} for k, r in results.items()}))

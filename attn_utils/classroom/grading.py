@@ -1,65 +1,110 @@
-"""The autograder: execute submitted notebooks in child processes under a time limit and score each exercise.
+"""Grading with nbgrader: collect the submissions into a course, autograde them, write grades and feedback.
 
-:func:`grade` runs each submission with papermill in a process of its own (killed with its kernel at
-the time limit), lets :func:`attn_utils.classroom.exercises.report` run the checks inside the submission's kernel,
-and writes a CSV with a score and feedback per student and exercise. Submission code never runs in the
-grader's process. A submission that is not a notebook, whose chapter is unknown, that lost cells,
-crashes outside its exercise cells or runs out of time scores zero with the reason.
+:func:`grade` takes a course folder written by :func:`attn_utils.classroom.student.write_course` and
+either submitted files (standalone) or nothing (inside an nbgrader course: what ``nbgrader collect`` or
+``nbgrader zip_collect`` put in ``submitted/``). For each submission it
+
+1. collects it: reads it without running anything (``.ipynb``, or a py:percent ``.py``), finds its
+   chapter, and copies it to ``submitted/<student id>/<chapter>/<chapter>.ipynb`` with a timestamp, as
+   ``nbgrader collect`` does; a file that is not a notebook, or whose chapter is not in the course,
+   gets its row without running;
+2. runs ``nbgrader autograde`` (test and read-only cells restored from the gradebook, checksums
+   checked, a time limit per cell, the classroom's
+   :class:`~attn_utils.classroom.nbgrader_support.GuardedExecute`);
+3. writes the submission's row into the CSV and its student's markdown feedback at once, so an
+   interrupted batch keeps what finished, and a re-run skips every submission whose file has not
+   changed since its row was written.
+
+At the end ``nbgrader generate_feedback`` makes the HTML feedback (one run per chapter) and ``nbgrader
+export`` writes the gradebook's CSV beside the grades. Student ids are the
+students' names made safe for paths and URLs by a reversible escape (:func:`student_id`), so two names
+never share a feedback file; the CSV gives both.
 """
 from __future__ import annotations
 
-import copy
 import csv
-import json
+import datetime as dt
+import hashlib
 import os
 import re
-import subprocess
-import sys
+import shutil
 import tempfile
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
 
 import jupytext
 import nbformat
-import psutil
 
-from attn_utils.book import runlog
-from attn_utils.classroom.exercises import GRADE_OUT_ENV, exercise_notebooks, exercises_of
-from attn_utils.classroom.student import CELL_KEY, CHECK_TAG, EXERCISE_TAG, METADATA_KEY, per_notebook
+from attn_utils.classroom import nbgrader_support as support
+from attn_utils.classroom.student import METADATA_KEY
 
-__all__ = ["Grade", "grade"]
-
-class Rejected(Exception):
-    """A submission that scores zero as a whole; the message is the reason given to the student."""
+__all__ = ["Row", "grade", "student_id", "student_name"]
 
 
 @dataclass
-class Grade:
-    """One row of the grades CSV: a student's score for one exercise (or for a whole rejected file)."""
+class Row:
+    """One row of the grades CSV: one submission."""
 
+    student: str          # the name: the submission's folder, or its file name without the extension
+    student_id: str       # nbgrader's id of the student (student_id(student))
+    notebook: str         # the chapter, "" when it could not be told
+    status: str           # "graded", "rejected" (not run) or "failed" (nbgrader could not grade it)
+    score: float          # autograded points earned
+    max_score: float      # autograded points available
+    manual_points: float  # points of the answers the teacher grades by hand (formgrader)
+    feedback: str         # what failed, part by part, or why the file was not graded
+    feedback_file: str    # the student's markdown feedback, relative to the CSV's folder
+    submission: str       # the file graded
+    sha256: str           # of the file graded: a re-run skips a row whose file has not changed
+
+
+COLUMNS = [f.name for f in fields(Row)]
+
+
+# --- student ids --------------------------------------------------------------------------------------------
+
+_SAFE = re.compile(r"[A-Za-z0-9_.-]")
+
+
+def student_id(name: str) -> str:
+    """A reversible, path- and URL-safe id for a student's name: letters, digits, ``_ . -`` stay (``.`` and
+    ``-`` not in front), every other character becomes ``=<hex code point>=``."""
+    if not name:
+        raise ValueError("a student's name is empty")
+    return "".join(c if _SAFE.fullmatch(c) and not (i == 0 and c in ".-") else f"={ord(c):x}="
+                   for i, c in enumerate(name))
+
+
+def student_name(sid: str) -> str:
+    """The name :func:`student_id` made ``sid`` from."""
+    return re.sub(r"=([0-9a-f]+)=", lambda m: chr(int(m.group(1), 16)), sid)
+
+
+# --- collecting -------------------------------------------------------------------------------------------------
+
+
+class Rejected(Exception):
+    """A submission that is not run; the message is the reason given to the student."""
+
+
+@dataclass
+class Submission:
+    path: Path
     student: str
-    notebook: str
-    exercise: str
-    score: float
-    max: float | None
-    feedback: str
-    submission: str
+    sid: str
+    sha256: str
+    notebook: str = ""
+    nb: nbformat.NotebookNode | None = None
+    reason: str = ""
 
 
-GRADING_CELL = """\
-# Added by the grader: run the checks of every coding exercise in this kernel.
-from attn_utils.classroom import exercises
-exercises.report({notebook!r}, globals())"""
-
-
-def _student_name(path: Path) -> str:
+def _name_of(path: Path, chapters: list[str]) -> str:
     """The folder name for ``alice/ch1_vanishing.ipynb`` (a copy handed back as is), else the file stem."""
-    return path.parent.name if path.stem in exercise_notebooks() and path.parent.name else path.stem
+    return path.parent.name if path.stem in chapters and path.parent.name else path.stem
 
 
-def _read_submission(path: Path) -> nbformat.NotebookNode:
+def _read(path: Path) -> nbformat.NotebookNode:
     """Parse a submission (.ipynb, or a py:percent .py) without executing anything."""
     if path.suffix not in (".ipynb", ".py"):
         raise Rejected(f"not a notebook: {path.name} is neither an .ipynb nor a .py file")
@@ -72,208 +117,357 @@ def _read_submission(path: Path) -> nbformat.NotebookNode:
     return nb
 
 
-def _chapter_of(nb: nbformat.NotebookNode) -> str:
+def _chapter(nb: nbformat.NotebookNode, path: Path, chapters: list[str]) -> str:
     info = nb.metadata.get(METADATA_KEY)
     chapter = info.get("notebook") if isinstance(info, dict) else None
-    if chapter not in exercise_notebooks():
-        raise Rejected(f"cannot tell which chapter this is: its metadata has no '{METADATA_KEY}' chapter "
-                       f"(hand in the student copy you were given, with its metadata)")
+    if chapter is None:
+        chapter = path.stem if path.stem in chapters else (chapters[0] if len(chapters) == 1 else None)
+    if chapter not in chapters:
+        raise Rejected(f"cannot tell which chapter of this course it is ({', '.join(chapters)}): hand in the "
+                       f"notebook you were given, with its metadata, or name the file after its chapter")
     return chapter
 
 
-def _check_cells(nb: nbformat.NotebookNode, chapter: str) -> None:
-    """Reject a submission whose exercise cells or other code cells of the student copy are gone."""
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    gone = [k for k in exercises_of(chapter)
-            if not any(c.metadata.get("exercise") == k and EXERCISE_TAG in c.metadata.get("tags", []) for c in code)]
-    if gone:
-        raise Rejected(f"the exercise cell of {', '.join(gone)} was deleted (or lost its 'exercise' tag)")
-    expected = nb.metadata[METADATA_KEY].get("code_cells")
-    if not isinstance(expected, int):
-        raise Rejected(f"its '{METADATA_KEY}' metadata lost the number of code cells (hand in the student copy "
-                       f"you were given, with its metadata)")
-    present = {c.metadata.get(CELL_KEY) for c in code}
-    missing = sorted(set(range(expected)) - present)
-    if missing:
-        raise Rejected(f"{len(missing)} code cell(s) of the student copy were deleted or merged: cell(s) "
-                       f"{', '.join(map(str, missing))} (numbered by '{CELL_KEY}' in the cell metadata)")
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
-def _prepared(nb: nbformat.NotebookNode, chapter: str) -> nbformat.NotebookNode:
-    """The submission as it is executed: errors in exercise and check cells do not stop the run (each
-    exercise is scored on its own), and a last cell reports the checks."""
-    nb = copy.deepcopy(nb)
-    for cell in nb.cells:
-        tags = cell.metadata.setdefault("tags", [])
-        if cell.cell_type == "code" and (EXERCISE_TAG in tags or CHECK_TAG in tags):
-            tags.append("raises-exception")
-    nb.cells.append(nbformat.v4.new_code_cell(GRADING_CELL.format(notebook=chapter), metadata={"tags": ["grader"]}))
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    return nb
-
-
-def _kill_tree(proc: subprocess.Popen) -> None:
-    """Kill papermill and everything it started (the kernel runs in a session of its own)."""
-    try:
-        family = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        family = []
-    for p in [*family, proc]:
+def _plan(course: Path, submissions: list[Path] | None) -> list[Submission]:
+    """Every submission with its student, id and chapter (or why it is not run); nothing is run or copied."""
+    chapters = sorted(p.name for p in (course / "release").iterdir() if p.is_dir()) \
+        if (course / "release").is_dir() else []
+    if not chapters:
+        raise ValueError(f"course {course}: no released assignment in release/ (run attn-companion student first)")
+    if submissions is None:  # inside an nbgrader course: what nbgrader collect put in submitted/
+        found = sorted((course / "submitted").glob("*/*/*.ipynb"))
+        found = [p for p in found if p.parent.name in chapters and p.stem == p.parent.name]
+        if not found:
+            raise ValueError(f"course {course}: nothing in submitted/<student>/<chapter>/ (run nbgrader collect, or "
+                             f"name the submission files)")
+        plan = [Submission(p, student_name(p.parent.parent.name), p.parent.parent.name, _sha256(p)) for p in found]
+    else:
+        if not submissions:
+            raise ValueError("no submissions given")
+        missing = [p for p in submissions if not p.is_file()]
+        if missing:
+            raise ValueError(f"submission {str(missing[0])!r} is not a file")
+        plan = []
+        for p in submissions:
+            name = _name_of(p, chapters)
+            plan.append(Submission(p, name, student_id(name), _sha256(p)))
+    for s in plan:
         try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    proc.wait()
-    psutil.wait_procs(family, timeout=10)
+            s.nb = _read(s.path)
+            s.notebook = _chapter(s.nb, s.path, chapters)
+        except Rejected as exc:
+            s.reason = str(exc)
+    seen: dict[tuple[str, str], Submission] = {}
+    ids: dict[str, Submission] = {}
+    for s in plan:
+        other = ids.setdefault(s.sid.casefold(), s)
+        if other.sid != s.sid:  # one folder on a case-insensitive file system
+            raise ValueError(f"students {other.student!r} ({other.path}) and {s.student!r} ({s.path}) differ only in "
+                             f"letter case: rename one")
+        if s.notebook:
+            other = seen.setdefault((s.sid, s.notebook), s)
+            if other is not s:
+                raise ValueError(f"{other.path} and {s.path} are both {s.student!r}'s {s.notebook}: keep one")
+    return plan
 
 
-def _first_line(source: str) -> str:
-    return next((line for line in source.splitlines() if line.strip() and not line.startswith("#")), "")[:60]
+def _collect(course: Path, s: Submission) -> None:
+    """Put a submission where ``nbgrader collect`` would: ``submitted/<id>/<chapter>/<chapter>.ipynb``."""
+    folder = course / "submitted" / s.sid / s.notebook
+    target = folder / f"{s.notebook}.ipynb"
+    if s.path.resolve() == target.resolve():
+        return
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    if s.path.suffix == ".ipynb":
+        shutil.copyfile(s.path, target)  # the same bytes: a later run from submitted/ sees the same checksum
+    else:
+        nbformat.write(s.nb, target)
+    stamp = dt.datetime.fromtimestamp(s.path.stat().st_mtime, dt.timezone.utc)
+    (folder / "timestamp.txt").write_text(stamp.strftime("%Y-%m-%d %H:%M:%S.%f UTC"))
 
 
-def _crash_reason(executed: Path, log: Path) -> str:
-    """Why a run stopped before the grading cell: the first error outside the exercise cells, or the log."""
-    if executed.is_file():
-        nb = nbformat.read(executed, as_version=4)
-        for cell in nb.cells:
-            if cell.cell_type != "code" or "raises-exception" in cell.metadata.get("tags", []):
-                continue
-            for out in cell.get("outputs", []):
-                if out.get("output_type") == "error":
-                    where = f"cell {cell.metadata.get(CELL_KEY, '?')} ({_first_line(cell.source)!r})"
-                    return f"crashed in {where}: {out.ename}: {out.evalue}"[:500]
-    tail = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
-    return f"the notebook stopped before it could be graded: {tail[-1][:300] if tail else 'no output'}"
+# --- grading one submission ----------------------------------------------------------------------------------------
 
 
-def _exercise_errors(executed: Path) -> dict[str, str]:
-    """exercise key -> the error an exercise cell raised while the notebook ran (before the checks)."""
-    errors = {}
-    for cell in nbformat.read(executed, as_version=4).cells:
-        key = cell.metadata.get("exercise")
-        if key and EXERCISE_TAG in cell.metadata.get("tags", []):
-            for out in cell.get("outputs", []):
-                if out.get("output_type") == "error":
-                    errors[key] = f"your exercise cell raised {out.ename}: {out.evalue}"[:300]
-    return errors
+def _failure(result: dict) -> str:
+    """The reason nbgrader gives for a failed step: its last error line."""
+    text = (result.get("log", "") + "\n" + result.get("error", "")).splitlines()
+    errors = [line.split("]", 1)[-1].strip() for line in text if "[ERROR]" in line or "Error" in line]
+    errors = [e for e in errors if e and not e.startswith(("There was an error processing", "Please see"))]
+    return (errors[-1] if errors else (text[-1] if text else "no log"))[:300]
 
 
-def _execute(nb: nbformat.NotebookNode, chapter: str, parameters: Mapping[str, Any],
-             time_limit: float) -> dict[str, tuple[float, str]]:
-    """Execute a submission with papermill in a child process; return exercise -> (score, feedback)."""
-    with tempfile.TemporaryDirectory(prefix="attn-grade-") as tmp:
-        tmp = Path(tmp)
-        source, executed, results, log = (tmp / n for n in ("submission.ipynb", "executed.ipynb",
-                                                               "results.json", "papermill.log"))
-        nbformat.write(_prepared(nb, chapter), source)
-        cmd = [sys.executable, "-m", "papermill", str(source), str(executed), "--kernel", "python3",
-               "--cwd", str(tmp), "--no-progress-bar", "--parameters_yaml", json.dumps(dict(parameters))]
-        env = {**os.environ, GRADE_OUT_ENV: str(results), runlog.RUN_DIR_ENV: str(tmp / "run"),
-               runlog.NOTEBOOK_ENV: chapter}
-        with log.open("w") as out:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp,
-                                    start_new_session=True)
-            try:
-                proc.wait(timeout=time_limit)
-            except subprocess.TimeoutExpired:
-                _kill_tree(proc)
-                raise Rejected(f"did not finish within {time_limit:g} s (an endless loop, or too slow "
-                               f"for the time limit)") from None
-        if not results.is_file():
-            raise Rejected(_crash_reason(executed, log))
-        return _scores(results, executed, chapter)
+def _interrupted(result: dict) -> bool:
+    return "KeyboardInterrupt" in result.get("error", "")
 
 
-def _scores(results: Path, executed: Path, chapter: str) -> dict[str, tuple[float, str]]:
-    """exercise -> (score, feedback) from the grading cell's JSON and the errors of the exercise cells."""
-    errors = _exercise_errors(executed) if executed.is_file() else {}
+def _first_error(cell: nbformat.NotebookNode) -> str:
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "error":
+            return f"{out.get('ename', 'Error')}: {out.get('evalue', '')}".strip()
+        if out.get("output_type") == "stream" and out.get("name") == "stderr":
+            return f"wrote to stderr: {out.get('text', '').strip()[:200]}"
+    return ""
+
+
+@dataclass
+class Cell:
+    name: str
+    score: float | None
+    max_score: float
+    manual: bool          # an answer the teacher grades (a markdown cell)
+    pending: bool         # nbgrader waits for the teacher's grade (an unchanged answer scores 0 at once)
+    message: str
+
+
+def _cells(course: Path, s: Submission) -> list[Cell]:
+    """The graded cells of an autograded submission, from the gradebook, with the error each failed test raised."""
+    from nbgrader.api import Gradebook
+
+    autograded = course / "autograded" / s.sid / s.notebook / f"{s.notebook}.ipynb"
+    messages = {}
+    if autograded.is_file():
+        for cell in nbformat.read(autograded, as_version=4).cells:
+            grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+            if grade_id:
+                messages[grade_id] = _first_error(cell)
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}", support.COURSE_ID) as gb:
+        submitted = gb.find_submission_notebook(s.notebook, s.notebook, s.sid)
+        return [Cell(g.name, g.score, float(g.max_score), g.cell.cell_type == "markdown", bool(g.needs_manual_grade),
+                     messages.get(g.name, "")) for g in submitted.grades]
+
+
+def _message(cell: Cell) -> str:
+    return (cell.message or "no points").splitlines()[0][:400]
+
+
+def _summary(cells: list[Cell]) -> str:
+    """The failed tests and why, a reason shared by all of them said once."""
+    failed = [c for c in cells if not c.manual and (c.score or 0) < c.max_score]
+    if not failed:
+        return "every autograded test passed"
+    if len(failed) > 1 and len({_message(c) for c in failed}) == 1:
+        return f"{len(failed)} tests failed ({', '.join(c.name for c in failed)}): {_message(failed[0])}"
+    return "; ".join(f"{c.name}: {_message(c)}" for c in failed)
+
+
+def _grade_one(course: Path, api, s: Submission, out_dir: Path) -> tuple[Row, list[Cell]]:
+    row = Row(s.student, s.sid, s.notebook, "rejected", 0.0, 0.0, 0.0, s.reason, _feedback_name(s.sid),
+              str(s.path), s.sha256)
+    if s.reason:
+        return row, []
+    _collect(course, s)
+    result = api.autograde(s.notebook, s.sid, force=True, create=True)
+    if _interrupted(result):
+        raise KeyboardInterrupt
+    cells = _cells(course, s)
+    row.max_score = sum(c.max_score for c in cells if not c.manual)
+    row.manual_points = sum(c.max_score for c in cells if c.manual)
+    if not result["success"]:
+        row.status, row.feedback = "failed", f"nbgrader could not grade it: {_failure(result)}"
+        return row, cells
+    row.status = "graded"
+    row.score = round(sum(c.score or 0 for c in cells if not c.manual), 6)
+    row.feedback = _summary(cells)
+    return row, cells
+
+
+def _html_feedback(api, course: Path, rows: list[Row], out_dir: Path) -> None:
+    """``nbgrader generate_feedback`` for every chapter with a graded submission whose HTML is not beside the
+    CSV yet (one run per chapter), copied to ``feedback/<student id>/<chapter>.html``."""
+    missing = [r for r in rows if r.status == "graded" and not _html(out_dir, r).is_file()]
+    for chapter in sorted({r.notebook for r in missing}):
+        result = api.generate_feedback(chapter, force=True)
+        if _interrupted(result):
+            raise KeyboardInterrupt
+        if not result["success"]:
+            print(f"nbgrader generate_feedback {chapter} failed: {_failure(result)}", flush=True)
+    for r in missing:
+        made = course / "feedback" / r.student_id / r.notebook / f"{r.notebook}.html"
+        if made.is_file():
+            _html(out_dir, r).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(made, _html(out_dir, r))
+
+
+def _html(out_dir: Path, row: Row) -> Path:
+    return out_dir / "feedback" / row.student_id / f"{row.notebook}.html"
+
+
+# --- the CSV and the feedback files ------------------------------------------------------------------------------
+
+
+def _slot(row: Row) -> tuple[str, str]:
+    """A row replaces an earlier one of the same student and chapter (or file, when it has no chapter)."""
+    return (row.student_id, row.notebook or row.submission)
+
+
+def _feedback_name(sid: str) -> str:
+    return f"feedback/{sid}.md"
+
+
+def _check_out(out_csv: Path) -> None:
+    """Refuse an output file that cannot be written, before any grading."""
+    full = out_csv.resolve() if out_csv.parent.exists() else Path(os.path.abspath(out_csv))
+    if full.is_dir():
+        raise ValueError(f"--out {out_csv}: is a folder, not a CSV file")
+    existing = next(p for p in full.parents if p.exists())
+    if not existing.is_dir():
+        raise ValueError(f"--out {out_csv}: {existing} is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out_csv}: {existing} is not writable")
+    if full.exists() and not os.access(full, os.W_OK):
+        raise ValueError(f"--out {out_csv}: the file is not writable")
+    feedback = full.parent / "feedback"
+    if feedback.exists() and not (feedback.is_dir() and os.access(feedback, os.W_OK | os.X_OK)):
+        raise ValueError(f"--out {out_csv}: {feedback} is not a writable folder")
+
+
+def _read_rows(out_csv: Path) -> list[Row]:
+    """The rows of an earlier run, if ``out_csv`` holds one with our columns (else none: it is rewritten)."""
     try:
-        reported = json.loads(results.read_text())
-        return {key: (min(1.0, max(0.0, float(reported[key]["score"]))),
-                      "; ".join(filter(None, [errors.get(key), str(reported[key]["feedback"])])))
-                for key in exercises_of(chapter)}
-    except (ValueError, KeyError, TypeError) as exc:  # the file was written inside the submission's kernel
-        raise Rejected(f"the grading cell's report is unreadable ({type(exc).__name__}: {exc})") from None
+        with out_csv.open(newline="") as f:
+            reader = csv.DictReader(f)
+            if reader.fieldnames != COLUMNS:
+                return []
+            rows = []
+            for r in reader:
+                rows.append(Row(**{**r, "score": float(r["score"]), "max_score": float(r["max_score"]),
+                                   "manual_points": float(r["manual_points"])}))
+            return rows
+    except (OSError, ValueError, TypeError, csv.Error):
+        return []
 
 
-def _grade_one(path: Path, parameters: Mapping[str, dict[str, Any]], time_limit: float) -> list[Grade]:
-    student = _student_name(path)
-    try:
-        nb = _read_submission(path)
-        chapter = _chapter_of(nb)
-    except Rejected as exc:
-        return [Grade(student, "", "", 0.0, None, str(exc), str(path))]
-    try:
-        _check_cells(nb, chapter)
-        scores = _execute(nb, chapter, parameters[chapter], time_limit)
-    except Rejected as exc:
-        return [Grade(student, chapter, key, 0.0, 1.0, str(exc), str(path)) for key in exercises_of(chapter)]
-    except Exception as exc:  # a failure of the grader on one file (a full disk, ...) must not stop the batch
-        reason = f"could not be graded: {type(exc).__name__}: {exc}"
-        return [Grade(student, chapter, key, 0.0, 1.0, reason, str(path)) for key in exercises_of(chapter)]
-    return [Grade(student, chapter, key, round(score, 3), 1.0, feedback, str(path))
-            for key, (score, feedback) in scores.items()]
-
-
-def _write_csv(grades: list[Grade], out_csv: Path) -> None:
-    columns = list(Grade.__dataclass_fields__)
-    with out_csv.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        for g in grades:
-            writer.writerow({c: "" if getattr(g, c) is None else getattr(g, c) for c in columns})
-
-
-def _write_feedback(grades: list[Grade], folder: Path) -> None:
-    """One markdown file per student: each submission's score and the feedback per exercise."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for student in dict.fromkeys(g.student for g in grades):
-        lines = [f"# Feedback for {student}", ""]
-        for submission in dict.fromkeys(g.submission for g in grades if g.student == student):
-            rows = [g for g in grades if g.submission == submission]
-            total = sum(g.max or 0 for g in rows)
-            lines += [f"## {rows[0].notebook or 'unknown chapter'} ({submission}): "
-                      f"{sum(g.score for g in rows):g} / {total:g}", ""]
-            lines += [f"- **{g.exercise or 'whole file'}** ({g.score:g}): {g.feedback}" for g in rows] + [""]
-        (folder / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', student)}.md").write_text("\n".join(lines))
-
-
-def grade(submissions: Iterable[Path | str], out_csv: Path | str, *, time_limit: float = 600.0,
-          parameters: Mapping[str, Any] | None = None) -> list[Grade]:
-    """Grade submitted notebooks; write ``out_csv`` and ``feedback/<student>.md`` beside it.
-
-    Each submission runs with papermill in a process of its own, killed with its kernel after
-    ``time_limit`` seconds; ``parameters`` (validated first; each notebook takes those it declares)
-    go to every run, e.g. ``{"model": "gpt2-random", "L": 64}``. A submission that is not a notebook,
-    whose chapter is unknown, that lost code cells, crashes outside its exercise cells or runs out of
-    time scores zero with the reason; every other one gets a score in [0, 1] per coding exercise.
-    The batch always finishes.
-    """
-    paths = [Path(s) for s in submissions]
-    if not paths:
-        raise ValueError("no submissions given")
-    missing = [p for p in paths if not p.is_file()]
-    if missing:
-        raise ValueError(f"submission {str(missing[0])!r} is not a file")
-    if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not time_limit > 0:
-        raise ValueError(f"time_limit must be a number of seconds > 0, got {time_limit!r}")
-    own = per_notebook(dict(parameters or {}), exercise_notebooks())
-    grades: list[Grade] = []
-    for i, path in enumerate(paths, 1):
-        print(f"[{i}/{len(paths)}] grading {path}", flush=True)
-        rows = _grade_one(path, own, float(time_limit))
-        grades += rows
-        print(f"[{i}/{len(paths)}] {rows[0].student}: {sum(g.score for g in rows):g} / "
-              f"{sum(g.max or 0 for g in rows):g}  {_summary(rows)}", flush=True)
-    out_csv = Path(out_csv)
+def _write_rows(rows: list[Row], out_csv: Path) -> None:
+    """Write the CSV whole, through a temporary file renamed over it (an interruption leaves the old one)."""
     out_csv.parent.mkdir(parents=True, exist_ok=True)
-    _write_csv(grades, out_csv)
-    _write_feedback(grades, out_csv.parent / "feedback")
-    print(f"grades of {len(paths)} submission(s) written to {out_csv}; feedback in {out_csv.parent / 'feedback'}")
-    return grades
+    fd, tmp = tempfile.mkstemp(dir=out_csv.parent, prefix=f".{out_csv.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=COLUMNS)
+            writer.writeheader()
+            writer.writerows(asdict(r) for r in rows)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out_csv)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
-def _summary(rows: list[Grade]) -> str:
-    """The reason shared by every row of a submission that scored zero, else nothing."""
-    reasons = {g.feedback for g in rows}
-    return reasons.pop() if len(reasons) == 1 and all(g.score == 0 for g in rows) else ""
+def _write_feedback(rows: list[Row], details: dict[str, list[Cell]], out_dir: Path, sid: str) -> None:
+    """The markdown feedback of one student: each submission's score and every test that failed, with its hint."""
+    mine = [r for r in rows if r.student_id == sid]
+    lines = [f"# Feedback for {mine[0].student}", ""]
+    for r in mine:
+        head = f"## {r.notebook or 'unknown chapter'} ({Path(r.submission).name})"
+        if r.status == "rejected":
+            lines += [head, "", f"Not graded: {r.feedback}", ""]
+            continue
+        lines += [head, "", f"Autograded: **{r.score:g} / {r.max_score:g}** points"
+                  + (f"; {r.manual_points:g} more points for your written answers, graded by your teacher."
+                     if r.manual_points else "."), ""]
+        if r.status == "failed":
+            lines += [f"The grader could not run it: {r.feedback}", ""]
+        cells = details.get(f"{r.student_id}/{r.notebook}/{r.sha256}")
+        if cells:
+            for c in cells:
+                if c.manual and c.pending:
+                    lines.append(f"- `{c.name}`: graded by your teacher ({c.max_score:g} points)")
+                elif c.manual:
+                    lines.append(f"- `{c.name}`: {c.score or 0:g} / {c.max_score:g}"
+                                 + (": no answer" if c.score is None or c.score == 0 else ""))
+                else:
+                    score = c.score or 0
+                    note = "" if score >= c.max_score else f": {_message(c)}"
+                    lines.append(f"- `{c.name}`: {score:g} / {c.max_score:g}{note}")
+        else:
+            lines.append(f"- {r.feedback}")
+        if r.status == "graded":
+            lines.append(f"\nThe graded notebook, with every output: `{_html(out_dir, r).relative_to(out_dir)}`.")
+        lines.append("")
+    path = out_dir / _feedback_name(sid)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines))
+
+
+def _export(api, out_dir: Path) -> Path | None:
+    """``nbgrader export``: the gradebook's CSV (one row per student and assignment) beside the grades."""
+    from nbgrader.api import Gradebook
+    from nbgrader.plugins import CsvExportPlugin
+
+    plugin = CsvExportPlugin()
+    plugin.to = str(out_dir / "gradebook.csv")
+    with Gradebook(api.coursedir.db_url, support.COURSE_ID) as gb:
+        plugin.export(gb)
+    return Path(plugin.to)
+
+
+# --- the batch --------------------------------------------------------------------------------------------------
+
+
+def grade(course: Path | str, submissions: Iterable[Path | str] | None = None,
+          out_csv: Path | str = "grades.csv", *, time_limit: float | None = None) -> list[Row]:
+    """Grade ``submissions`` (files; None: everything in the course's ``submitted/``) with nbgrader in ``course``.
+
+    Writes ``out_csv`` (one row per submission, appended as each finishes), ``feedback/<student id>.md``
+    and ``feedback/<student id>/<chapter>.html`` beside it, and ``gradebook.csv`` (``nbgrader export``).
+    ``time_limit`` replaces the course's seconds per cell for this run. Everything that can be checked is
+    checked before the first submission runs; a submission whose row is already in ``out_csv`` with the
+    same file content is not graded again. Returns the rows of this batch.
+    """
+    course = Path(course)
+    if not support.is_course(course):
+        raise ValueError(f"course {course}: not a course written by attn-companion student "
+                         f"(no {support.CONFIG_FILE} of ours)")
+    if time_limit is not None and (isinstance(time_limit, bool) or not isinstance(time_limit, (int, float))
+                                   or not time_limit > 0):
+        raise ValueError(f"time_limit must be a number of seconds > 0, got {time_limit!r}")
+    out_csv = Path(out_csv)
+    _check_out(out_csv)
+    if not os.access(course, os.W_OK | os.X_OK):
+        raise ValueError(f"course {course}: not writable")
+    plan = _plan(course, None if submissions is None else [Path(p) for p in submissions])
+    out_dir = out_csv.resolve().parent
+    rows = _read_rows(out_csv)
+    done = {(r.student_id, r.notebook, r.sha256): r for r in rows}
+    batch: list[Row] = []
+    details: dict[str, list[Cell]] = {}
+    with tempfile.TemporaryDirectory(prefix="attn-grade-") as tmp, support.nbgrader_env(Path(tmp)):
+        api = support.course_api(course, timeout=time_limit)
+        for i, s in enumerate(plan, 1):
+            key = (s.sid, s.notebook, s.sha256)
+            if key in done:
+                batch.append(done[key])
+                print(f"[{i}/{len(plan)}] {s.student}: already graded, skipped ({s.path})", flush=True)
+                continue
+            print(f"[{i}/{len(plan)}] grading {s.path} ({s.student}, {s.notebook or 'unknown chapter'})", flush=True)
+            row, cells = _grade_one(course, api, s, out_dir)
+            _html(out_dir, row).unlink(missing_ok=True)  # the feedback of an earlier version of the file
+            slots = [_slot(r) for r in rows]
+            if _slot(row) in slots:  # a new version of a file graded before takes its row
+                rows[slots.index(_slot(row))] = row
+            else:
+                rows.append(row)
+            _write_rows(rows, out_csv)
+            details[f"{s.sid}/{s.notebook}/{s.sha256}"] = cells
+            _write_feedback(rows, details, out_dir, s.sid)
+            batch.append(row)
+            extra = f" (+{row.manual_points:g} by hand)" if row.manual_points else ""
+            print(f"[{i}/{len(plan)}] {s.student}: {row.status}, {row.score:g} / {row.max_score:g}{extra}"
+                  + ("" if row.status == "graded" else f": {row.feedback}"), flush=True)
+        _html_feedback(api, course, rows, out_dir)
+        exported = _export(api, out_dir)
+    print(f"{len(plan)} submission(s): grades in {out_csv}, feedback in {out_dir / 'feedback'}, "
+          f"nbgrader's export in {exported}")
+    return batch

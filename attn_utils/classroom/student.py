@@ -1,16 +1,33 @@
-"""Student copies of the notebooks: every solution replaced by a stub that raises NotImplementedError.
+"""The nbgrader course of the book's exercises: source notebooks with solutions and tests, released copies without.
 
-:func:`student_copies` writes, for each notebook with a coding exercise, an ``.ipynb`` and its paired
-``.py`` in which each cell tagged ``solution`` keeps only its functions' signatures and docstrings
-(with a hint from :data:`attn_utils.classroom.exercises.EXERCISES`), and the solution prose is gone. The copies
-carry the metadata the grader (:mod:`attn_utils.classroom.grading`) uses to recognise a chapter and deleted cells.
+:func:`write_course` writes a folder that nbgrader knows: ``nbgrader_config.py``, one assignment per
+chapter under ``source/`` (written here from the chapter's py:percent source) and ``release/`` (made by
+``nbgrader generate_assignment``), and the gradebook. In a source notebook
+
+- the chapter's code cells are read-only nbgrader cells (nbgrader restores them when it grades); the
+  parameters cell carries the values given to :func:`write_course`;
+- each derivation exercise is followed by a manually graded answer cell holding the book's solution,
+  worth one point per numbered question; the students' copy says ``YOUR ANSWER HERE``;
+- each coding exercise's cell tagged ``solution`` keeps its functions' signatures and docstrings, the
+  bodies between ``### BEGIN SOLUTION`` / ``### END SOLUTION`` (the students' copy raises
+  ``NotImplementedError`` there), and the worked example goes;
+- the check cell becomes one autograded test cell per part of the exercise (one point each): the
+  visible check of :mod:`attn_utils.classroom.exercises`, whose hint is the feedback, then a
+  ``### BEGIN HIDDEN TESTS`` block from :mod:`attn_utils.classroom.hidden`;
+- the solution prose and the directives of the book go; an ``{exercise}`` becomes plain markdown.
+
+With ``exercises_only`` a notebook holds only its chapter's exercises, after one read-only cell with the
+chapter's light imports (torch, math, ``attn_utils.mathematics``): no model is loaded, so a submission
+grades in seconds. :mod:`attn_utils.classroom.grading` grades what comes back.
 """
 from __future__ import annotations
 
 import ast
-import copy
+import builtins
 import json
+import os
 import re
+import shutil
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -19,32 +36,50 @@ import jupytext
 import nbformat
 
 from attn_utils.book import build
-from attn_utils.classroom.exercises import EXERCISES, exercise_notebooks, exercises_of
 from attn_utils.book.params import validate
+from attn_utils.classroom import nbgrader_support as support
+from attn_utils.classroom.exercises import EXERCISES, exercise_notebooks, exercises_of
+from attn_utils.classroom.hidden import hidden_block
 
-__all__ = ["per_notebook", "student_copies", "student_notebook"]
+__all__ = ["course_notebook", "per_notebook", "write_course"]
 
-METADATA_KEY = "attn_companion"     # notebook metadata of a student copy: chapter, code cells, exercises
-CELL_KEY = "ac_cell"                # cell metadata: the number of a code cell in the student copy
-SOLUTION_TAG, EXERCISE_TAG, CHECK_TAG = "solution", "exercise", "exercise-check"
+METADATA_KEY = "attn_companion"     # notebook metadata: the chapter, its exercises, the parameters
+SOLUTION_TAG, CHECK_TAG = "solution", "exercise-check"
+DEFAULT_TIME_LIMIT = 300.0          # seconds per cell
+
+# Imports a notebook of exercises only keeps from its chapter: cheap ones (no model, no plotting).
+LIGHT_MODULES = ("math", "random", "itertools", "functools", "collections", "numpy", "torch", "attn_utils.mathematics")
 
 STUDENT_README = """\
-# Exercises: student copies
+# Exercises of *Limitations of Normalization in Attention Mechanism*
 
-Each notebook is a chapter of the companion book to *Limitations of Normalization in Attention
-Mechanism*, with its exercises at the end. For a coding exercise, write the functions of the cell that
-starts with `# Exercise chN-exK`, replacing each `raise NotImplementedError(...)`, then run the check
-cell below it: it shows a green line when your functions pass and a hint when they do not. Answer the
-derivation exercises as your teacher asks (a markdown cell, or on paper).
+`{stem}.ipynb` is a chapter of the companion book with its exercises at the end, as an nbgrader
+assignment.
 
-Run a notebook in Jupyter, or from a shell with the companion installed:
+- **Coding exercise**: write the functions of the cell that starts with `# Exercise chN-exK`, replacing
+  each `raise NotImplementedError()`. The test cells below it check one part each and show a hint when
+  a part fails. The grader runs the same checks and hidden tests of its own, on new random inputs.
+- **Derivation**: write your answer in the markdown cell that says `YOUR ANSWER HERE`. Your teacher
+  grades it.
 
-    attn-companion run ch1_vanishing.py -p model gpt2-random -p L 64
+Do not delete, split or merge the cells you were given, and do not rename the functions; the read-only
+cells and the test cells are put back as they were when the notebook is graded, so editing them
+changes nothing. Each cell may run for at most {time_limit:g} seconds when it is graded.
 
-Until every exercise of a notebook is solved, that run stops at the first check that fails.
+Hand in `{stem}.ipynb` as your teacher asks (nbgrader's Assignments tab, or the file itself).
+"""
 
-Do not delete or merge cells, rename the functions, or remove the notebook's metadata: the grader
-uses them, and a notebook with a deleted code cell scores zero. Hand in the `.ipynb` (or the `.py`).
+COURSE_README = """\
+# An nbgrader course of the companion's exercises
+
+Written by `attn-companion student`. Inside an nbgrader course, copy `source/<chapter>/` into the
+course's `source/` folder (and this folder's `nbgrader_config.py` lines into the course's), then run
+`nbgrader generate_assignment <chapter>` there. Standalone, grade the notebooks that come back with
+
+    attn-companion grade --course {course} SUBMISSION ...
+
+`release/<chapter>/` is what students get. `source/` holds the solutions and the hidden tests: never
+hand it out. See the book's "For teachers" page.
 """
 
 
@@ -60,9 +95,25 @@ def per_notebook(parameters: Mapping[str, Any], stems: Iterable[str]) -> dict[st
     return {stem: {k: v for k, v in parameters.items() if k in names} for stem, names in declared.items()}
 
 
-def _plain_exercise(first: str, lines: Iterator[str]) -> list[str]:
-    """An ``{exercise}`` directive (``first`` is its opening line) as plain markdown that Jupyter renders."""
-    title, label, body = first.removeprefix("```{exercise}").strip(), "", []
+# --- cells --------------------------------------------------------------------------------------------------
+
+
+def _meta(grade_id: str, *, grade: bool = False, solution: bool = False, locked: bool = False,
+          points: float | None = None) -> dict[str, Any]:
+    meta = {"grade": grade, "grade_id": grade_id, "locked": locked, "schema_version": 3, "solution": solution,
+            "task": False}
+    if grade:
+        meta["points"] = points
+    return {"nbgrader": meta}
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def _plain_exercise(first: str, lines: Iterator[str]) -> tuple[str, str, list[str]]:
+    """An ``{exercise}`` directive (``first`` is its opening line): its label, title and body lines."""
+    title, label, body = first.strip().removeprefix("```{exercise}").strip(), "", []
     for line in lines:
         s = line.strip()
         if s == "```":
@@ -71,55 +122,59 @@ def _plain_exercise(first: str, lines: Iterator[str]) -> list[str]:
             label = s.split(None, 1)[1]
         elif body or not s.startswith(":"):  # options come first
             body.append(line)
-    return [f"**Exercise {label}: {title}**", *body]
+    return label, title, body
 
 
-def _student_markdown(text: str, inside: str | None) -> tuple[str, str | None]:
-    """Drop solution blocks (which may span cells) and turn ``{exercise}`` directives into plain markdown.
-
-    ``inside`` is the key of the solution block open at the start of the cell (None outside one); the
-    key open at the end is returned with the new text.
-    """
-    out: list[str] = []
-    lines = iter(text.splitlines())
-    for line in lines:
-        s = line.strip()
-        if s.startswith("```{solution-start}"):
-            inside = s.split(None, 1)[1]
-        elif s.startswith("```{solution-end}"):
-            next(lines, None)  # the directive's closing fence
-            inside = None
-        elif inside is not None:
-            continue
-        elif s.startswith("```{exercise}"):
-            out += _plain_exercise(s, lines)
-        else:
-            out.append(line)
-    text = re.sub(r"\n\s*\n(\s*\n)+", "\n\n", "\n".join(out))  # removed blocks leave runs of blank lines
-    return text.strip("\n"), inside
+def _points(body: list[str]) -> int:
+    """One point per numbered question of a derivation (at least one)."""
+    return max(1, sum(1 for line in body if re.match(r"\d+\.\s", line)))
 
 
-def _stub(source: str, key: str) -> str:
-    """A solution cell reduced to its functions' signatures and docstrings, each raising NotImplementedError.
-
-    Every other top-level statement of the cell (the worked example) is dropped.
-    """
-    lines, hints = source.splitlines(), EXERCISES[key].hints
-    stubs = []
+def _solution_cell(source: str, key: str) -> str:
+    """A solution cell as nbgrader's: each function's body between solution delimiters, the rest dropped."""
+    lines, hint = source.splitlines(), EXERCISES[key].hints
+    parts = []
     for node in ast.parse(source).body:
         if not isinstance(node, ast.FunctionDef):
-            continue
+            continue  # the worked example
         first, body = min([node.lineno] + [d.lineno for d in node.decorator_list]), node.body[0]
         if body.lineno == node.lineno:
             raise ValueError(f"solution of {key}: put the body of {node.name}() on its own lines")
         has_doc = ast.get_docstring(node) is not None
-        keep = lines[first - 1: body.end_lineno if has_doc else body.lineno - 1]
-        message = json.dumps(f"Exercise {key}: {hints.get(node.name, 'write this helper')}")
-        stubs.append("\n".join(keep + [" " * body.col_offset + f"raise NotImplementedError({message})"]))
-    if not stubs:
-        raise ValueError(f"the solution cell of {key} defines no function to turn into a stub")
-    return (f"# Exercise {key}: write the function(s) below, replacing each `raise NotImplementedError`.\n"
-            + "\n\n\n".join(stubs))
+        head_end = body.end_lineno if has_doc else body.lineno - 1
+        code = lines[head_end: node.end_lineno]
+        if not code:
+            raise ValueError(f"solution of {key}: {node.name}() has a docstring and no code")
+        pad = " " * (node.body[1].col_offset if has_doc and len(node.body) > 1 else body.col_offset)
+        parts.append("\n".join([*lines[first - 1: head_end],
+                                f"{pad}# {hint.get(node.name, 'a helper of the exercise')}",
+                                f"{pad}### BEGIN SOLUTION", *code, f"{pad}### END SOLUTION"]))
+    if not parts:
+        raise ValueError(f"the solution cell of {key} defines no function")
+    return (f"# Exercise {key}: write the function(s) below, replacing each `raise NotImplementedError()`.\n"
+            + "\n\n\n".join(parts))
+
+
+def _test_cell(key: str, part: str) -> nbformat.NotebookNode:
+    names = EXERCISES[key].names
+    source = "\n".join([
+        f"# Test of {key}, part {part!r} (1 point). It shows a hint when your functions fail it; the grader",
+        "# also runs hidden tests of this part on new inputs.",
+        "from attn_utils.classroom import exercises",
+        "",
+        f"exercises.check({key!r}, {', '.join(names)}, part={part!r})",
+        hidden_block(key, part, names),
+    ])
+    return nbformat.v4.new_code_cell(source, metadata=_meta(f"{key}-test-{_slug(part)}", grade=True, locked=True,
+                                                            points=1))
+
+
+def _answer_cell(key: str, points: int, prose: list[str]) -> nbformat.NotebookNode:
+    text = "\n".join(prose).strip("\n") or "(the book gives no written solution)"
+    source = (f"**Your answer to exercise {key}** ({points} point{'s' if points > 1 else ''}, graded by your "
+              f"teacher):\n\n### BEGIN SOLUTION\n{text}\n### END SOLUTION")
+    return nbformat.v4.new_markdown_cell(source, metadata=_meta(f"{key}-answer", grade=True, solution=True,
+                                                                points=points))
 
 
 def _set_defaults(source: str, values: Mapping[str, Any]) -> str:
@@ -134,66 +189,222 @@ def _set_defaults(source: str, values: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def student_notebook(src: Path, parameters: Mapping[str, Any] | None = None) -> nbformat.NotebookNode:
-    """The student copy of the notebook source ``src`` (py:percent), as a notebook without outputs.
+def _light_imports(source: str) -> list[str]:
+    """The top-level import statements of a cell that import only :data:`LIGHT_MODULES`."""
+    lines, kept = source.splitlines(), []
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            modules = [node.module or ""]
+        else:
+            continue
+        if all(any(m == light or m.startswith(light + ".") for light in LIGHT_MODULES) for m in modules):
+            kept.append("\n".join(lines[node.lineno - 1: node.end_lineno]))
+    return kept
 
-    Solution cells become stubs tagged ``exercise``; check cells are tagged ``exercise-check``; the
-    solution prose and directives go. Every code cell is numbered in its metadata (``ac_cell``) and the
-    notebook metadata records the chapter and the number of code cells, so the grader can tell which
-    chapter a submission is and whether cells were deleted. ``parameters`` replace defaults.
-    """
-    master, cells, inside, last = jupytext.read(src), [], None, None
-    for cell in master.cells:
+
+def _bound_names(statements: list[str]) -> set[str]:
+    names = set()
+    for node in ast.parse("\n".join(statements)).body:
+        for alias in node.names:
+            names.add((alias.asname or alias.name).split(".")[0])
+    return names
+
+
+def _free_names(source: str) -> set[str]:
+    """Names the functions of a cell read but neither assign, import, define nor take as parameters (nor a
+    builtin); the rest of the cell (the worked example) does not count."""
+    tree, loaded, bound = ast.parse(source), set(), set(dir(builtins))
+    tree.body = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (loaded if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return loaded - bound
+
+
+class _Course:
+    """Builds the cells of one source notebook from the chapter's cells."""
+
+    def __init__(self, stem: str, parameters: Mapping[str, Any], exercises_only: bool):
+        self.stem, self.parameters, self.exercises_only = stem, parameters, exercises_only
+        self.cells: list[nbformat.NotebookNode] = []
+        self.text: list[str] = []
+        self.points: dict[str, int] = {}
+        self.prose: list[str] = []  # the solution of the derivation whose block is open (it may span cells)
+        self.code = 0
+
+    def flush(self) -> None:
+        text = re.sub(r"\n\s*\n(\s*\n)+", "\n\n", "\n".join(self.text)).strip("\n")
+        if text.strip():
+            self.cells.append(nbformat.v4.new_markdown_cell(text))
+        self.text = []
+
+    def locked(self, source: str, tags: list[str] | None = None) -> None:
+        self.flush()
+        metadata = _meta(f"{self.stem}-cell-{self.code:02d}", locked=True)
+        if tags:
+            metadata["tags"] = list(tags)
+        self.cells.append(nbformat.v4.new_code_cell(source, metadata=metadata))
+        self.code += 1
+
+    def add(self, cell: nbformat.NotebookNode) -> None:
+        self.flush()
+        self.cells.append(cell)
+
+
+def course_notebook(src: Path, parameters: Mapping[str, Any] | None = None,
+                    exercises_only: bool = False) -> nbformat.NotebookNode:
+    """The nbgrader source notebook of the chapter ``src`` (py:percent): see the module."""
+    master, stem = jupytext.read(src), Path(src).stem
+    coding = set(exercises_of(stem))
+    course = _Course(stem, dict(parameters or {}), exercises_only)
+    cells = master.cells
+    start = next((i for i, c in enumerate(cells) if c.cell_type == "markdown" and "```{exercise}" in c.source), None)
+    if start is None:
+        raise ValueError(f"{src.name} has no exercise")
+    if exercises_only:
+        title = next((line for c in cells if c.cell_type == "markdown" for line in c.source.splitlines()
+                      if line.startswith("# ")), f"# {stem}")
+        imports = list(dict.fromkeys(i for c in cells[:start] if c.cell_type == "code" for i in _light_imports(c.source)))
+        solutions = "\n".join(c.source for c in cells if SOLUTION_TAG in c.metadata.get("tags", []))
+        missing = sorted(_free_names(solutions) - _bound_names(imports))
+        if missing:
+            raise ValueError(f"{src.name}: the solutions use {', '.join(missing)}, which the chapter's light imports "
+                             f"do not define; grade the whole chapter instead of --exercises-only")
+        course.text = [f"{title} (exercises)", "",
+                       f"The exercises of the chapter `{stem}` of the companion book; read the chapter in the book."]
+        course.locked("\n".join([*imports, "from attn_utils.classroom import exercises  # the checks of the tests"]))
+        first = cells[start].source
+        heading = first.find("## Exercises")
+        cells = [nbformat.v4.new_markdown_cell(first[heading:] if heading >= 0 else first), *cells[start + 1:]]
+    inside, last = None, None  # the solution block open (its exercise key), the last one closed
+    for cell in cells:
         tags = cell.metadata.get("tags", [])
         if cell.cell_type == "markdown":
-            text, inside = _student_markdown(cell.source, inside)
-            last = inside or last
-            if text.strip():
-                cells.append(nbformat.v4.new_markdown_cell(text))
+            inside, last = _markdown(course, cell.source, inside, coding, last)
         elif SOLUTION_TAG in tags:
-            if inside is None:
-                raise ValueError(f"{src.name}: a cell tagged 'solution' lies outside solution-start/solution-end")
-            cells.append(nbformat.v4.new_code_cell(_stub(cell.source, inside),
-                                                   metadata={"tags": [EXERCISE_TAG], "exercise": inside}))
+            if inside not in coding:
+                raise ValueError(f"{src.name}: a cell tagged 'solution' lies outside the solution block of a "
+                                 f"coding exercise")
+            course.add(nbformat.v4.new_code_cell(_solution_cell(cell.source, inside),
+                                                 metadata=_meta(f"{inside}-solution", solution=True)))
+        elif CHECK_TAG in tags:
+            key = next(iter(re.findall(r"""check\(\s*["']([^"']+)["']""", cell.source)), last)
+            if key not in coding:
+                raise ValueError(f"{src.name}: the check cell {cell.source!r:.60} names no coding exercise")
+            for part in EXERCISES[key].parts:
+                course.add(_test_cell(key, part))
         elif inside is None:
-            new = nbformat.v4.new_code_cell(cell.source, metadata=copy.deepcopy(dict(cell.metadata)))
-            if CHECK_TAG in tags:
-                new.metadata["exercise"] = last
+            source = cell.source
             if "parameters" in tags:
-                new.source = _set_defaults(new.source, parameters or {})
-            cells.append(new)
-    code = [c for c in cells if c.cell_type == "code"]
-    for i, c in enumerate(code):
-        c.metadata[CELL_KEY] = i
-    for i, c in enumerate(cells):
+                source = _set_defaults(source, course.parameters)
+            course.locked(source, tags)
+    if inside is not None:
+        raise ValueError(f"{src.name}: the solution block of {inside} is not closed")
+    course.flush()
+    for i, c in enumerate(course.cells):
         c.id = f"cell-{i:03d}"
-    return nbformat.v4.new_notebook(cells=cells, metadata={
-        "kernelspec": dict(master.metadata.get("kernelspec", {})),
-        "jupytext": {"formats": "ipynb,py:percent", "notebook_metadata_filter": METADATA_KEY},
-        METADATA_KEY: {"notebook": src.stem, "code_cells": len(code), "exercises": exercises_of(src.stem)}})
+    return nbformat.v4.new_notebook(cells=course.cells, metadata={
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+        "language_info": {"name": "python"},
+        METADATA_KEY: {"notebook": stem, "exercises": sorted(course.points) + sorted(coding),
+                       "parameters": dict(course.parameters), "exercises_only": exercises_only}})
 
 
-def student_copies(out_dir: Path, notebooks: Iterable[str] | None = None,
-                   parameters: Mapping[str, Any] | None = None) -> list[Path]:
-    """Write student copies (``.ipynb`` and paired ``.py``) of ``notebooks`` (default: every one with an
-    exercise) and a README into ``out_dir``; return the ``.ipynb`` files.
+def _markdown(course: _Course, text: str, inside: str | None, coding: set[str],
+              last: str | None) -> tuple[str | None, str | None]:
+    """Add a markdown cell of the chapter; return the solution block open at its end and the last one closed."""
+    lines = iter(text.splitlines())
+    for line in lines:
+        s = line.strip()
+        if s.startswith("```{solution-start}"):
+            inside, course.prose = s.split(None, 1)[1], []
+            next((x for x in lines if x.strip() == "```"), None)  # the directive's options and closing fence
+        elif s.startswith("```{solution-end}"):
+            next(lines, None)  # the directive's closing fence
+            if inside not in coding:
+                if inside not in course.points:
+                    raise ValueError(f"{course.stem}: the solution of {inside} comes before its exercise")
+                course.add(_answer_cell(inside, course.points[inside], course.prose))
+            inside, last = None, inside
+        elif inside is not None:
+            course.prose.append(line)
+        elif s.startswith("```{exercise}"):
+            label, title, body = _plain_exercise(s, lines)
+            if label not in coding:
+                course.points[label] = _points(body)
+            course.text += [f"**Exercise {label}: {title}**", "", *body]
+        else:
+            course.text.append(line)
+    return inside, last
 
-    ``parameters`` (validated first) become the copies' defaults, e.g. ``{"model": "gpt2-random", "L": 64}``
-    for fast classroom runs; each notebook takes those it declares.
+
+# --- the course folder ----------------------------------------------------------------------------------------
+
+
+def _check_folder(out: Path, stems: list[str]) -> None:
+    """Refuse a folder that is not empty and not a course of ours, or whose chapters were already graded."""
+    full = out.resolve()
+    existing = next(p for p in (full, *full.parents) if p.exists())
+    if not existing.is_dir():
+        raise ValueError(f"--out {out}: {existing} is not a folder")
+    if existing == full and any(full.iterdir()) and not support.is_course(full):
+        raise ValueError(f"--out {out}: the folder is not empty and holds no course written by attn-companion "
+                         f"(no {support.CONFIG_FILE} of ours): give a new folder")
+    graded = [s for s in stems if any((full / "autograded").glob(f"*/{s}"))]
+    if graded:
+        raise ValueError(f"--out {out}: {graded[0]} was already graded in this course; write the new version into "
+                         f"a new folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out}: {existing} is not writable")
+
+
+def write_course(out: Path | str, notebooks: Iterable[str] | None = None,
+                 parameters: Mapping[str, Any] | None = None, *, time_limit: float = DEFAULT_TIME_LIMIT,
+                 exercises_only: bool = False) -> list[Path]:
+    """Write the nbgrader course of ``notebooks`` (default: every one with an exercise) into ``out``; return the
+    released notebooks (``release/<chapter>/<chapter>.ipynb``).
+
+    ``parameters`` (validated first; each notebook takes those it declares) become the defaults of the
+    read-only parameters cells, e.g. ``{"model": "gpt2-random", "L": 64}`` for fast classroom runs.
+    ``time_limit`` is the seconds one cell may run when nbgrader grades it (in ``nbgrader_config.py``).
+    Everything is checked before anything is written.
     """
     stems = [build.resolve_notebook(n).stem for n in notebooks] if notebooks else exercise_notebooks()
     without = [s for s in stems if s not in exercise_notebooks()]
     if without:
         raise ValueError(f"notebook {without[0]!r} has no coding exercise; notebooks with exercises: "
                          f"{exercise_notebooks()}")
+    if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not time_limit > 0:
+        raise ValueError(f"time_limit must be a number of seconds > 0, got {time_limit!r}")
     defaults = per_notebook(dict(parameters or {}), stems)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for stem in stems:
-        nb = student_notebook(build.NOTEBOOK_DIR / f"{stem}.py", defaults[stem])
-        nbformat.write(nb, out_dir / f"{stem}.ipynb")
-        jupytext.write(nb, out_dir / f"{stem}.py", fmt="py:percent")
-        written.append(out_dir / f"{stem}.ipynb")
-    (out_dir / "README.md").write_text(STUDENT_README)
-    return written
+    out = Path(out)
+    _check_folder(out, stems)
+    sources = {stem: course_notebook(build.NOTEBOOK_DIR / f"{stem}.py", defaults[stem], exercises_only)
+               for stem in stems}  # every chapter converts before anything is written
+    out.mkdir(parents=True, exist_ok=True)
+    support.write_config(out, timeout=time_limit, parameters=defaults, exercises_only=exercises_only)
+    (out / "README.md").write_text(COURSE_README.format(course=out))
+    released = []
+    with support.nbgrader_env():
+        api = support.course_api(out)
+        for stem, nb in sources.items():
+            folder = out / "source" / stem
+            if folder.exists():
+                shutil.rmtree(folder)
+            folder.mkdir(parents=True)
+            nbformat.write(nb, folder / f"{stem}.ipynb")
+            (folder / "README.md").write_text(STUDENT_README.format(stem=stem, time_limit=time_limit))
+            result = api.generate_assignment(stem, force=True, create=True)
+            if not result["success"]:
+                log = (result.get("log", "") + result.get("error", "")).strip().splitlines()
+                raise RuntimeError(f"nbgrader generate_assignment {stem} failed: {' | '.join(log[-3:])}")
+            released.append(out / "release" / stem / f"{stem}.ipynb")
+    return released

@@ -1,4 +1,4 @@
-"""The paper's Algorithms 1-5 (arXiv 2508.17821, appendix B; NOTES §3), vectorised over heads and rows.
+"""The paper's Algorithms 1-5 (arXiv 2508.17821, appendix B), vectorised over heads and rows.
 
 Inputs are one model's attention for one text: ``weights`` or ``logits`` of shape (layers, heads, L, L)
 and vectors ``x`` of shape (layers, heads, L, d) (by project policy the per-head value vectors). Any
@@ -8,8 +8,16 @@ sees keys 0..t); a (L, L) or (layers, heads, L, L) boolean mask may be given ins
 
 Each function processes one layer at a time and the rows in blocks (``metrics._row_blocks``), then
 averages per-row quantities over the *valid* rows of each head: rows that see more than N keys
-(L_r > N; NOTES §3.1 [INFERRED] for the causal convention). Results are tidy ``pandas`` DataFrames with
+(L_r > N; the causal convention is ours, see book/sources.md). Results are tidy ``pandas`` DataFrames with
 one row per (grid value, layer, head). ``progress=False`` silences the tqdm bar over layers.
+
+Query-row sampling (Algorithms 1-3). The paper averages over every query row t. With
+``rows_per_octave=K`` the distance algorithms average instead over the rows of ``sample_rows(L, K)``
+for each length L: every row of an octave [2^o, 2^(o+1)) of positions that holds at most K rows, K evenly
+spread rows of a larger octave, each weighted by the number of rows of its octave it stands for, so the
+head means are weighted means over the sampled valid rows (an estimate of the full means whose cost grows
+like K L instead of L^2). ``rows_per_octave=None`` (the default) evaluates every row, exactly as
+the paper does; so does any K at least as large as the last octave (L / 2 rows).
 """
 from __future__ import annotations
 
@@ -23,7 +31,8 @@ from tqdm.auto import tqdm
 
 from attn_utils.mathematics import metrics, theory
 from attn_utils.mathematics.normalizers import causal_mask
-from attn_utils.mathematics.validation import as_tensor, check_choice, check_int, check_positive, check_rows_sum_to_one
+from attn_utils.mathematics.rows import Rows
+from attn_utils.mathematics.validation import as_tensor, check_choice, check_int, check_positive
 
 __all__ = [
     "CriticalN",
@@ -95,13 +104,17 @@ def _grid(name: str, values, low: int, high: int) -> list[int]:
     return sorted(set(values))
 
 
-def _layer(weights: torch.Tensor, x: torch.Tensor, layer: int, L: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Layer ``layer`` cut to its leading L keys and rows, in float64, validated."""
-    w = check_rows_sum_to_one("weights", weights[layer, :, :L, :L].to(torch.float64), atol=theory.SUM_ATOL)
-    xs = x[layer, :, :L].to(torch.float64)
-    if not torch.isfinite(xs).all():
-        raise ValueError("x must contain only finite numbers (found NaN or inf)")
-    return w, xs
+def _layer(weights: torch.Tensor, x: torch.Tensor, layer: int, L: int, rows=None,
+           renormalize: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Layer ``layer`` cut to its leading L keys and rows (or to the query rows ``rows``), in float64,
+    validated; with ``renormalize`` every row is divided by its sum (in float64, after the check)."""
+    block = weights[layer, :, :L, :L] if rows is None else weights[layer, :, torch.as_tensor(rows), :L]
+    checked = Rows.of(block, x[layer, :, :L])  # validated once per layer, in float64
+    w = checked.weights
+    if renormalize:
+        total = w.sum(-1, keepdim=True)
+        w = w / torch.where(total > 0, total, 1.0)
+    return w, checked.x
 
 
 def _frame(layer: int, grid: dict, values: dict) -> dict[str, np.ndarray]:
@@ -125,9 +138,15 @@ class _RowMeans:
         self.sums = {n: torch.zeros(heads, dtype=torch.float64) for n in names}
         self.counts = {n: torch.zeros(heads, dtype=torch.float64) for n in names}
 
-    def add(self, name: str, values: torch.Tensor, valid: torch.Tensor) -> None:
-        self.sums[name] += torch.where(valid, values, 0.0).sum(-1)
-        self.counts[name] += valid.sum(-1)
+    def add(self, name: str, values: torch.Tensor, valid: torch.Tensor, weight: torch.Tensor | None = None) -> None:
+        """Add the valid rows of ``values`` (heads, R); ``weight`` (R,): how many rows each one stands for."""
+        if weight is None:
+            self.sums[name] += torch.where(valid, values, 0.0).sum(-1)
+            self.counts[name] += valid.sum(-1)
+        else:
+            weight = torch.where(valid, weight, 0.0)
+            self.sums[name] += (torch.where(valid, values, 0.0) * weight).sum(-1)
+            self.counts[name] += weight.sum(-1)
 
     def means(self) -> dict[str, torch.Tensor]:
         return {n: self.sums[n] / self.counts[n] for n in self.sums}  # 0 / 0 = NaN: no valid row
@@ -136,53 +155,84 @@ class _RowMeans:
 # --- Algorithms 1-3: distances ------------------------------------------------------------------------
 
 
-def _distance_means(w, xs, visible, Ns, reading: str, farthest) -> dict[int, dict[str, torch.Tensor]]:
+def _sampled_blocks(visible: torch.Tensor, rows: np.ndarray):
+    """Like ``metrics._row_blocks`` for the sampled query rows ``rows`` (0-based positions, increasing) of
+    ``visible`` (heads, R, L), R = len(rows): ``(positions, k)`` octave by octave (``octave_blocks``), split
+    so that a block's temporaries hold about as many numbers as a block of ``metrics._row_blocks``."""
+    heads, _, L = visible.shape
+    for positions, _ in octave_blocks(rows):
+        seen = visible[:, torch.as_tensor(positions)].reshape(-1, L).any(0).nonzero()
+        k = int(seen[-1]) + 1 if len(seen) else 1
+        step = max(1, metrics._BLOCK_ELEMENTS // max(1, heads * k))
+        for a in range(0, len(positions), step):
+            yield torch.as_tensor(positions[a : a + step]), k
+
+
+def _distance_means(w, xs, visible, Ns, reading, farthest, sample=None) -> dict[int, dict[str, torch.Tensor]]:
     """For each N of Ns: per-head means over valid rows of d-tilde, the main sum E of Theorem 1 and
     (when ``farthest``, the lists of ``theory.farthest_keys(xs)``, are given) the fixed-set bound of
-    Theorem 1, for one layer (heads, R, L). The N-independent work is done once per block of rows."""
+    Theorem 1, for one layer (heads, R, L). The N-independent work is done once per block of rows.
+    ``sample = (rows, weight)`` (``sample_rows``): w and visible hold only those query rows, and the means
+    are weighted by ``weight``."""
     names = ("distance", "expectation") if farthest is None else ("distance", "expectation", "bound")
     acc = {N: _RowMeans(w.shape[0], names) for N in Ns}
     selected_all = {N: torch.zeros_like(visible) for N in Ns} if farthest is not None else {}
     valid_all = {N: torch.zeros(visible.shape[:-1], dtype=torch.bool) for N in Ns}
-    for rows, k in metrics._row_blocks(visible):
+    if sample is None:
+        blocks, weight = metrics._row_blocks(visible), None
+    else:
+        blocks, weight = _sampled_blocks(visible, sample[0]), torch.as_tensor(sample[1], dtype=torch.float64)
+    for rows, k in blocks:
         live = [N for N in Ns if N < k]  # the others: every row of the block sees <= N keys
         if not live:
             continue
         wb, vb, xb = w[:, rows, :k], visible[:, rows, :k], xs[:, :k]
+        wt = None if weight is None else weight[rows]
         _, xm, sq, mm = theory._mean_vector_terms(wb, xb)
         for N, (selected, valid) in zip(live, metrics._top_ns(wb, vb, live)):
             valid_all[N][:, rows] = valid
             if farthest is not None:
                 selected_all[N][:, rows, :k] = selected
-            acc[N].add("distance", metrics._cumulative_distance(wb, xb, selected, vb, reading), valid)
-            acc[N].add("expectation", theory._main_sum(wb, vb, xm, sq, mm, N), valid)
+            acc[N].add("distance", metrics._cumulative_distance(wb, xb, selected, vb, reading), valid, wt)
+            acc[N].add("expectation", theory._main_sum(wb, vb, xm, sq, mm, N), valid, wt)
     for N, selected in selected_all.items():
         if valid_all[N].any():
             # rows that see <= N keys are left out of the means; select their visible keys so the call is valid
             selected |= visible & ~valid_all[N].unsqueeze(-1)
             acc[N].add("bound", theory.theorem1_fixed_bound(w, xs, selected, visible, farthest=farthest),
-                       valid_all[N])
+                       valid_all[N], weight)
     return {N: a.means() for N, a in acc.items()}
 
 
-def _distance_table(weights, x, pairs, mask, reading, with_bound, progress, desc) -> pd.DataFrame:
+def _distance_table(weights, x, pairs, mask, reading, with_bound, progress, desc, rows_per_octave) -> pd.DataFrame:
     check_choice("reading", reading, metrics.READINGS)
+    if rows_per_octave is not None:
+        rows_per_octave = check_int("rows_per_octave", rows_per_octave, low=1)
     visible_all = _mask(mask, weights)
     lengths = sorted({L for L, _ in pairs})
+    samples = {L: sample_rows(L, rows_per_octave) for L in lengths} if rows_per_octave is not None else {}
+    union = np.unique(np.concatenate([r for r, _ in samples.values()])) if samples else None
     frames = []
     for layer in tqdm(range(weights.shape[0]), desc=desc, disable=not progress):
-        w, xs = _layer(weights, x, layer, lengths[-1])
+        w, xs = _layer(weights, x, layer, lengths[-1], rows=union, renormalize=True)
         farthest = theory.farthest_keys(xs, prefixes=lengths) if with_bound else None
         for L in lengths:
             Ns = sorted(N for L_, N in pairs if L_ == L)
             far = farthest.prefix(L) if with_bound else None
-            means = _distance_means(w[:, :L, :L], xs[:, :L], visible_all[layer, :, :L, :L], Ns, reading, far)
+            if samples:
+                rows, weight = samples[L]
+                at = torch.as_tensor(np.searchsorted(union, rows))
+                visible = visible_all[layer][:, torch.as_tensor(rows), :L]
+                means = _distance_means(w[:, at, :L], xs[:, :L], visible, Ns, reading, far, (rows, weight))
+            else:
+                means = _distance_means(w[:, :L, :L], xs[:, :L], visible_all[layer, :, :L, :L], Ns, reading, far)
             frames += [_frame(layer, {"L": L, "N": N}, means[N]) for N in Ns]
     return _concat(frames, ["L", "N"])
 
 
 def distance_vs_length(weights, x, N: int = 5, lengths=(32, 64, 128, 256, 512, 1024), mask=None,
-                       reading: str = "sum_of_norms", progress: bool = True) -> pd.DataFrame:
+                       reading: str = "sum_of_norms", progress: bool = True,
+                       rows_per_octave: int | None = None) -> pd.DataFrame:
     """Algorithm 1 (Fig. 2a): distance statistics at fixed N for growing context length L.
 
     For each L the leading L x L block of each head is used: with a causal mask the first L rows see
@@ -192,37 +242,45 @@ def distance_vs_length(weights, x, N: int = 5, lengths=(32, 64, 128, 256, 512, 1
     main sum E of Theorem 1's random part, ``theory.theorem1_random_main_sum``), ``bound`` (mean
     Theorem 1 fixed-set bound, ``theory.theorem1_fixed_bound``). E and the bound are derived for the
     sum-of-norms reading; for ``reading="norm_of_sum"`` the bound still holds, E is not a lower bound.
+    Each row is renormalised in float64 before it is measured (attention stored in float32 sums to one
+    only up to ~1e-7). ``rows_per_octave``: None averages over every query row; an integer K averages
+    over the rows of ``sample_rows(L, K)`` of each L, weighted (see the module docstring).
     """
     weights = _attention("weights", weights)
     x = _vectors(x, weights)
     lengths = _grid("lengths", lengths, low=2, high=weights.shape[-1])
     N = check_int("N", N, low=1, high=min(lengths) - 1)
-    return _distance_table(weights, x, [(L, N) for L in lengths], mask, reading, True, progress, "Algorithm 1")
+    return _distance_table(weights, x, [(L, N) for L in lengths], mask, reading, True, progress, "Algorithm 1",
+                           rows_per_octave)
 
 
 def distance_vs_n(weights, x, Ns=(1, 5, 10, 20, 100), L: int | None = None, mask=None,
-                  reading: str = "sum_of_norms", progress: bool = True) -> pd.DataFrame:
+                  reading: str = "sum_of_norms", progress: bool = True,
+                  rows_per_octave: int | None = None) -> pd.DataFrame:
     """Algorithm 2 (Fig. 2b): distance statistics at fixed L (default: all keys) for growing N.
 
-    Same columns as :func:`distance_vs_length`; every N must satisfy 1 <= N <= L - 1.
+    Same columns and conventions (renormalised rows, ``rows_per_octave``) as :func:`distance_vs_length`;
+    every N must satisfy 1 <= N <= L - 1.
     """
     weights = _attention("weights", weights)
     x = _vectors(x, weights)
     L = _length(L, weights)
     Ns = _grid("N", Ns, low=1, high=L - 1)
-    return _distance_table(weights, x, [(L, N) for N in Ns], mask, reading, True, progress, "Algorithm 2")
+    return _distance_table(weights, x, [(L, N) for N in Ns], mask, reading, True, progress, "Algorithm 2",
+                           rows_per_octave)
 
 
 def critical_n(weights, x, lengths, Ns, alpha: float = 0.01, mask=None, reading: str = "sum_of_norms",
-               progress: bool = True) -> CriticalN:
+               progress: bool = True, rows_per_octave: int | None = None) -> CriticalN:
     """Algorithm 3 (Fig. 2c): the critical top-N per context length L, by a two-sample KS test.
 
     For each L and each N < L of the grid, the per-(layer, head) means d-bar and E-bar (as in
     Algorithm 1, over the leading L x L block) form two samples of layers x heads values, compared by
     ``scipy.stats.ks_2samp``. The critical N of L is the smallest N of the grid whose test does not
     reject equality at level alpha (p > alpha); -1 if every test rejects. The paper's text and Fig. 2
-    use alpha = 0.01, its pseudocode 0.05 (NOTES §3.2); the default follows the text. Pairs with
-    N >= L are skipped.
+    use alpha = 0.01, its pseudocode 0.05 (book/sources.md); the default follows the text. Pairs with
+    N >= L are skipped. ``Ns`` may also be a function of L returning that length's grid (e.g. sizes
+    proportional to L). ``rows_per_octave`` as in :func:`distance_vs_length`.
 
     Returns ``CriticalN(tests, summary)``: ``tests`` has columns L, N, statistic, pvalue, reject;
     ``summary`` has L, critical_n, critical_fraction (= critical_n / L, NaN when -1).
@@ -233,11 +291,11 @@ def critical_n(weights, x, lengths, Ns, alpha: float = 0.01, mask=None, reading:
     if alpha >= 1:
         raise ValueError(f"alpha must be a significance level in (0, 1), got {alpha}")
     lengths = _grid("lengths", lengths, low=2, high=weights.shape[-1])
-    Ns = _grid("Ns", Ns, low=1, high=None)
-    pairs = [(L, N) for L in lengths for N in Ns if N < L]
+    grids = {L: _grid("Ns", Ns(L) if callable(Ns) else Ns, low=1, high=None) for L in lengths}
+    pairs = [(L, N) for L in lengths for N in grids[L] if N < L]
     if not pairs:
         raise ValueError("Ns must hold at least one N smaller than some length of lengths")
-    means = _distance_table(weights, x, pairs, mask, reading, False, progress, "Algorithm 3")
+    means = _distance_table(weights, x, pairs, mask, reading, False, progress, "Algorithm 3", rows_per_octave)
     tests = []
     for (L, N), group in means.groupby(["L", "N"], sort=True):
         result = ks_2samp(group["distance"].to_numpy(), group["expectation"].to_numpy())
@@ -301,7 +359,7 @@ def separability_vs_n(weights, x, Ns=(1, 2, 4, 8, 16, 32, 64, 100), M: float = 1
 
 def gradient_sensitivity(logits, Ts, epsilons=(1e-3, 1e-1, 10), mask=None, seed: int = 0,
                          progress: bool = True) -> GradientSensitivity:
-    """Algorithm 5 (Fig. 4): the finite-difference Jacobian norm g(T, eps), NOTES §3.4.
+    """Algorithm 5 (Fig. 4): the finite-difference Jacobian norm g(T, eps).
 
     Per row t, g_t = ||softmax((l_t + eps v_t) / T) - softmax(l_t / T)|| / eps over the visible keys,
     with one random unit direction v_t per row (seeded by ``seed``) shared by every (T, eps): common

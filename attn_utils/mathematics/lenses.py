@@ -27,15 +27,14 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from scipy.stats import chi2
 
-from attn_utils.mathematics import metrics, normalizers
+from attn_utils.mathematics import metrics, registry
 from attn_utils.mathematics.validation import as_tensor, check_choice, check_int, check_positive
 
 __all__ = [
-    "KIND",
-    "LABELS",
     "CoverageResult",
     "Envelope",
     "Geometry",
@@ -49,46 +48,19 @@ __all__ = [
     "lemma1_envelope",
     "lens_distance",
     "lens_separability",
+    "loglog_slope",
     "planted_weight_bound",
     "resolve_long_lengths",
     "row_stats",
     "separated_keys",
-    "weight_kind",
+    "synthetic_rows",
+    "unit_vectors",
 ]
-
-#: Names for figures and tables.
-LABELS = {
-    "softmax": "softmax",
-    "sparsemax": "sparsemax",
-    "entmax15": "1.5-entmax",
-    "ssmax": "scalable softmax",
-    "softmax1": "softmax-1",
-    "self_adjust": "self-adjust softmax",
-    "self_adjust_normalized": "self-adjust (normalized)",
-    "general": "general Eq. (3)",
-}
-
-#: What a row of each normalizer is: a probability distribution, a non-negative row of mass <= 1
-#: ("sub-distribution"), or a row of weights of either sign ("signed").
-KIND = {
-    "softmax": "distribution", "general": "distribution", "sparsemax": "distribution",
-    "entmax15": "distribution", "ssmax": "distribution",
-    "softmax1": "sub-distribution", "self_adjust_normalized": "sub-distribution",
-    "self_adjust": "signed",
-}
-
-JACOBIAN_NAMES = ("softmax", "sparsemax", "entmax15", "ssmax", "softmax1", "self_adjust", "self_adjust_normalized")
 
 # Tolerance of "a weight is negative" when deciding whether a row can be rescaled into a distribution.
 _NEGATIVE_ATOL = 1e-12
 # Temporaries of one chunk hold about this many float64 numbers.
 _CHUNK = 1 << 21
-
-
-def weight_kind(name: str) -> str:
-    """``"distribution"``, ``"sub-distribution"`` or ``"signed"`` for normalizer ``name``."""
-    check_choice("name", name, KIND)
-    return KIND[name]
 
 
 # --- input handling ---------------------------------------------------------------------------------
@@ -144,25 +116,15 @@ def lemma1_envelope(name: str, a: float, L: int, T: float = 1.0, s: float = 1.0)
     * scalable softmax (n = L visible keys): L^{-2sa/T} / L and min(1, L^{2sa/T} / L), no decay once 2sa/T >= 1;
     * sparsemax and 1.5-entmax: 0 and 1 (no decay is forced, and exact zeros occur).
     """
-    check_choice("name", name, JACOBIAN_NAMES)
+    envelope = registry.get(name).envelope
+    if envelope is None:
+        raise ValueError(f"normalizer {name!r} has no envelope; normalizers with one: {list(registry.COMPARED)}")
     a = float(a)
     if not math.isfinite(a) or a < 0:
         raise ValueError(f"a must be a finite number >= 0, got {a!r}")
     L = check_int("L", L, low=1)
     T, s = check_positive("T", T), check_positive("s", s)
-    b = a / T
-    if name == "softmax":
-        return Envelope(math.exp(-2 * b) / L, min(1.0, math.exp(2 * b) / L))
-    if name == "softmax1":
-        return Envelope(math.exp(-b) / (1 + L * math.exp(b)), math.exp(b) / (1 + L * math.exp(-b)))
-    if name == "self_adjust":
-        return Envelope(0.0, b * min(1.0, math.exp(2 * b) / L))
-    if name == "self_adjust_normalized":
-        return Envelope(0.0, min(1.0, math.exp(2 * b) / L))
-    if name == "ssmax":
-        spread = 2 * s * b * math.log(L)  # log(M_F / m_F) with F = L^{s l / T}
-        return Envelope(math.exp(-spread) / L, min(1.0, math.exp(spread) / L))
-    return Envelope(0.0, 1.0)  # sparsemax, entmax15
+    return Envelope(*envelope(a / T, L, s))
 
 
 def planted_weight_bound(name: str, gap: float, L: int, T: float = 1.0, s: float = 1.0) -> float:
@@ -240,20 +202,23 @@ class Geometry(NamedTuple):
     distance: torch.Tensor      # d-tilde, sum-of-norms reading, (..., R); NaN on invalid rows
     separability: torch.Tensor  # N_s / N, (..., R); NaN on invalid rows
     selected: torch.Tensor      # the top-N set, (..., R, L)
-    separated: torch.Tensor     # its distinguishable keys, (..., R, L); False on invalid rows
+    separated: torch.Tensor | None  # its distinguishable keys, (..., R, L), False on invalid rows; None if not asked
     valid: torch.Tensor         # L_r > N and mass > 0, (..., R)
 
 
-def geometry(weights, x, N, mask=None, *, sphere=None, M: float = 1.0):
-    """d-tilde and N_s / N of every row in one pass, for non-negative weights of any mass.
+def geometry(weights, x, N, mask=None, *, sphere=None, M: float = 1.0, keys: bool = True):
+    """d-tilde and N_s / N of every row, for non-negative weights of any mass, through the metric's own kernels.
 
-    The same quantities as :func:`lens_distance` (d-tilde with the vectors ``x``, sum-of-norms reading) and
-    :func:`lens_separability` (N_s / N with the vectors projected onto the sphere of radius ``M``; pass them
-    as ``sphere`` when they are already projected, to skip the projection), computed directly on the given
-    weights: d-tilde is homogeneous and N_s / N scale invariant, so no rescaling is needed. The vectors are
-    validated, and their norms computed, once for every top-N size: ``N`` may be one size (returns a
-    :class:`Geometry`) or a list of sizes (returns ``{N: Geometry}``), which makes this the fast path for
-    many rows, heads and normalizers. ``weights`` (..., R, L), ``x`` and ``sphere`` (..., L, d).
+    The same quantities as :func:`lens_distance` (d-tilde of Eq. (7) with the vectors ``x``, sum-of-norms
+    reading) and :func:`lens_separability` (N_s / N of Definition (10) with the vectors projected onto the sphere
+    of radius ``M``; pass them as ``sphere`` when they are already projected, to skip the projection). Both are
+    computed by the kernels of :mod:`attn_utils.mathematics.metrics` (``cumulative_distance`` and
+    ``separability``) directly on the given weights: d-tilde is homogeneous and N_s / N scale invariant, so no
+    rescaling is needed. The inputs are validated, and the top-N sets found (one partial sort), once for every
+    top-N size: ``N`` may be one size (returns a :class:`Geometry`) or a list of sizes (returns ``{N:
+    Geometry}``). With ``keys`` the separated keys themselves are returned too (the indicator of the strict
+    count: ||alpha_i x_i - s|| < r with the metric's radius r; the multi-head coverage needs it).
+    ``weights`` (..., R, L), ``x`` and ``sphere`` (..., L, d).
     """
     distribution, m = geometry_weights(weights)
     w = as_tensor("weights", weights).to(torch.float64).clamp(min=0)  # the weights as given (validated above)
@@ -264,26 +229,23 @@ def geometry(weights, x, N, mask=None, *, sphere=None, M: float = 1.0):
     R, L = w.shape[-2:]
     w = w.expand(*lead, R, L)
     xs, sph = xs.expand(*lead, *xs.shape[-2:]), sph.expand(*lead, *sph.shape[-2:])
-    norms = (xs.square().sum(-1).unsqueeze(-2), sph.square().sum(-1).unsqueeze(-2))
     visible = metrics._visible(mask, w.shape)
     single = not isinstance(N, (list, tuple))
     Ns = [N] if single else list(N)
     dist_w = metrics._weights(distribution)
     Ns = [metrics._top_n_count(n, dist_w) for n in Ns]
     tops = metrics._top_ns(dist_w, metrics._visible(mask, dist_w.shape), Ns)  # one partial sort for every N
+    nan = torch.tensor(torch.nan, dtype=torch.float64)
     out = {}
     for n, (selected, valid) in zip(Ns, tops):
         selected = selected.expand(*lead, R, L)
         valid = (valid & (m > 0)).expand(*lead, R)
-        outside = visible & ~selected
-        keep = torch.where(selected, w, 0.0)
-        dist = metrics._key_distances(w, xs, keep @ xs, norms[0])
-        distance = torch.where(outside, dist, 0.0).sum(-1)
-        dist = metrics._key_distances(w, sph, keep @ sph, norms[1])
-        r = torch.where(outside, dist, torch.inf).amin(-1, keepdim=True)
-        separated = selected & (dist < r) & valid.unsqueeze(-1)
-        ratio = separated.sum(-1).to(torch.float64) / int(n)
-        nan = torch.tensor(torch.nan, dtype=torch.float64)
+        distance = metrics._cumulative_distance(w, xs, selected, visible, "sum_of_norms")
+        ratio, r = metrics._separability(w, sph, selected, visible, valid, n)
+        separated = None
+        if keys:
+            dist = metrics._key_distances(w, sph, metrics._context(w, sph, selected))
+            separated = selected & (dist < r.unsqueeze(-1)) & valid.unsqueeze(-1)  # r is NaN on invalid rows
         out[n] = Geometry(torch.where(valid, distance, nan), torch.where(valid, ratio, nan), selected, separated,
                           valid)
     return out[N] if single else out
@@ -308,57 +270,14 @@ def _vectors(name: str, x, w: torch.Tensor) -> torch.Tensor:
 # --- gradients ----------------------------------------------------------------------------------------
 
 
-class _Parts(NamedTuple):
-    """What the closed-form Jacobians need for one normalizer (tensors of the logits' shape or (..., 1))."""
-
-    name: str
-    scale: torch.Tensor  # multiplies J_z: 1/T, or s log(n) / T for ssmax, shape (..., 1)
-    a: torch.Tensor      # the "weights" of the symmetric part (alpha, support indicator, sqrt(alpha), p)
-    extra: dict
-
-
-def _parts(logits, name: str, mask, T: float, s: float) -> _Parts:
-    check_choice("name", name, JACOBIAN_NAMES)
+def _jacobian_parts(logits, name: str, mask, T: float, s: float):
+    """The record's closed-form Jacobian and its parts for these logits (float64, validated)."""
+    jac = registry.get(name).jacobian
+    if jac is None:
+        raise ValueError(f"normalizer {name!r} has no closed-form Jacobian; those with one: {list(registry.COMPARED)}")
     l = _rows("logits", logits).to(torch.float64)
-    T = check_positive("T", T)
-    visible = metrics._visible(mask, l.shape)
-    scale = torch.full((*l.shape[:-1], 1), 1.0 / T, dtype=torch.float64)
-    if name == "ssmax":
-        s = check_positive("s", s)
-        n = visible.sum(-1, keepdim=True).clamp(min=1).to(torch.float64)
-        return _Parts(name, scale * s * torch.log(n), normalizers.ssmax(l, mask=mask, s=s, T=T), {})
-    if name in ("softmax", "softmax1"):
-        return _Parts(name, scale, normalizers.normalize(l, name, mask=mask, T=T), {})
-    if name == "sparsemax":
-        return _Parts(name, scale, (normalizers.sparsemax(l, mask=mask, T=T) > 0).to(torch.float64), {})
-    if name == "entmax15":
-        return _Parts(name, scale, normalizers.entmax15(l, mask=mask, T=T).clamp(min=0).sqrt(), {})
-    p = normalizers.softmax(l, mask=mask, T=T)
-    z = torch.where(visible, l, 0.0) / T
-    if name == "self_adjust":
-        return _Parts(name, scale, p, {"z": z})
-    # normalized self-adjust: alpha = f * p with f = (z - lo) / (hi - lo), lo = min(z_min, 0), hi = max(z_max, 0)
-    z_min = torch.where(visible, z, torch.inf).amin(-1, keepdim=True)
-    z_max = torch.where(visible, z, -torch.inf).amax(-1, keepdim=True)
-    lo, hi = z_min.clamp(max=0), z_max.clamp(min=0)
-    span = hi - lo
-    ok = span > 0
-    safe = torch.where(ok, span, 1.0)
-    f = torch.where(ok, (z - lo) / safe, 0.0)
-    # d lo / d z_k and d hi / d z_k: shared evenly among tied extremes (as autograd does for amin / amax)
-    at_min = (visible & (z == z_min)).to(torch.float64)
-    at_max = (visible & (z == z_max)).to(torch.float64)
-    dlo = torch.where(z_min < 0, at_min / at_min.sum(-1, keepdim=True).clamp(min=1), 0.0)
-    dhi = torch.where(z_max > 0, at_max / at_max.sum(-1, keepdim=True).clamp(min=1), 0.0)
-    return _Parts(name, scale, p, {"z": z, "lo": lo, "span": safe, "ok": ok, "f": f, "dlo": dlo, "dhi": dhi})
-
-
-def _symmetric_jvp(a: torch.Tensor, v: torch.Tensor, total: torch.Tensor | None) -> torch.Tensor:
-    """(diag(a) - a a^T / total) v, with total = 1 when None."""
-    dot = (a * v).sum(-1, keepdim=True)
-    if total is None:
-        return a * v - a * dot
-    return a * v - a * dot / torch.where(total > 0, total, 1.0)
+    T, s = check_positive("T", T), check_positive("s", s)
+    return jac, jac.parts(l, metrics._visible(mask, l.shape), T, s)
 
 
 def jvp(logits, v, name: str, *, mask=None, T: float = 1.0, s: float = 1.0) -> torch.Tensor:
@@ -375,29 +294,16 @@ def jvp(logits, v, name: str, *, mask=None, T: float = 1.0, s: float = 1.0) -> t
     ``v`` broadcasts to the logits; entries at masked keys do not matter. Float64, shape of the logits.
     Non-differentiable points (support changes, tied extremes) get the one-sided value autograd would give.
     """
-    parts = _parts(logits, name, mask, T, s)
+    jac, parts = _jacobian_parts(logits, name, mask, T, s)
     v = _rows("v", v).to(torch.float64)
     try:
         v = v.expand(parts.a.shape)
     except RuntimeError:
         raise ValueError(f"v of shape {tuple(v.shape)} does not broadcast to logits {tuple(parts.a.shape)}") from None
-    visible = metrics._visible(mask, parts.a.shape)
-    v = torch.where(visible, v, 0.0)
+    v = torch.where(metrics._visible(mask, parts.a.shape), v, 0.0)
     if not torch.isfinite(v).all():
         raise ValueError("v must be finite at visible keys (found NaN or inf)")
-    a, e = parts.a, parts.extra
-    if name in ("softmax", "softmax1", "ssmax"):
-        out = _symmetric_jvp(a, v, None)
-    elif name in ("sparsemax", "entmax15"):
-        out = _symmetric_jvp(a, v, a.sum(-1, keepdim=True))
-    elif name == "self_adjust":
-        out = a * (1 + e["z"]) * v - e["z"] * a * (a * v).sum(-1, keepdim=True)
-    else:
-        jp = _symmetric_jvp(a, v, None)
-        v_lo, v_hi = (e["dlo"] * v).sum(-1, keepdim=True), (e["dhi"] * v).sum(-1, keepdim=True)
-        dfv = (v - v_lo) / e["span"] - (e["z"] - e["lo"]) * (v_hi - v_lo) / e["span"] ** 2
-        out = torch.where(e["ok"], e["f"] * jp + a * dfv, 0.0)
-    return parts.scale * out
+    return parts.scale * jac.jvp(parts, v)
 
 
 def jacobian(logits, name: str, *, mask=None, T: float = 1.0, s: float = 1.0) -> torch.Tensor:
@@ -405,26 +311,8 @@ def jacobian(logits, name: str, *, mask=None, T: float = 1.0, s: float = 1.0) ->
 
     Same formulas as :func:`jvp` (which computes J v without forming J). Rows and columns of masked keys are 0.
     """
-    parts = _parts(logits, name, mask, T, s)
-    a, e = parts.a, parts.extra
-    outer = a.unsqueeze(-1) * a.unsqueeze(-2)
-    if name in ("softmax", "softmax1", "ssmax"):
-        J = torch.diag_embed(a) - outer
-    elif name in ("sparsemax", "entmax15"):
-        total = a.sum(-1, keepdim=True).unsqueeze(-1)
-        J = torch.diag_embed(a) - outer / torch.where(total > 0, total, 1.0)
-    elif name == "self_adjust":
-        z = e["z"]
-        J = torch.diag_embed(a * (1 + z)) - (z * a).unsqueeze(-1) * a.unsqueeze(-2)
-    else:
-        Jp = torch.diag_embed(a) - outer
-        eye = torch.eye(a.shape[-1], dtype=torch.float64)
-        span = e["span"].unsqueeze(-1)
-        df = ((eye - e["dlo"].unsqueeze(-2)) / span
-              - (e["z"] - e["lo"]).unsqueeze(-1) * (e["dhi"] - e["dlo"]).unsqueeze(-2) / span ** 2)
-        J = e["f"].unsqueeze(-1) * Jp + a.unsqueeze(-1) * df
-        J = torch.where(e["ok"].unsqueeze(-1), J, 0.0)
-    return parts.scale.unsqueeze(-1) * J
+    jac, parts = _jacobian_parts(logits, name, mask, T, s)
+    return parts.scale.unsqueeze(-1) * jac.matrix(parts)
 
 
 # --- several heads: separated keys and coverage ----------------------------------------------------------
@@ -600,4 +488,45 @@ def resolve_long_lengths(long_lengths, L: int, context: int) -> list[int]:
     return list(long_lengths)
 
 
-# --- sampled rows ---------------------------------------------------------------------------------------
+
+# --- synthetic instances and fitted slopes ------------------------------------------------------------------
+
+FAMILIES = ("typical", "planted")
+
+
+def synthetic_rows(family: str, n: int, length: int, a: float, gap: float = 0.0, generator=None) -> torch.Tensor:
+    """``n`` rows of ``length`` logits in [-a, a], float64, drawn with ``generator`` (one ``torch.rand`` call).
+
+    ``"typical"``: i.i.d. uniform on [-a, a]. ``"planted"``: key 0 at +a and the others uniform on [-a, a - gap], so
+    that key 0 exceeds every other logit by at least ``gap`` (the hypothesis of :func:`planted_weight_bound`).
+    """
+    check_choice("family", family, FAMILIES)
+    n, length = check_int("n", n, low=1), check_int("length", length, low=1)
+    a, gap = float(a), float(gap)
+    if not (math.isfinite(a) and a >= 0 and math.isfinite(gap) and 0 <= gap <= 2 * a):
+        raise ValueError(f"a and gap must be finite with a >= 0 and 0 <= gap <= 2a, got a={a!r}, gap={gap!r}")
+    u = torch.rand(n, length, generator=generator, dtype=torch.float64)
+    if family == "typical":
+        return (2 * u - 1) * a
+    logits = -a + (2 * a - gap) * u
+    logits[:, 0] = a
+    return logits
+
+
+def unit_vectors(shape, d: int, generator=None) -> torch.Tensor:
+    """Vectors uniform on the unit sphere of R^d, shape ``(*shape, d)``, float64 (normalised Gaussian draws)."""
+    d = check_int("d", d, low=1)
+    x = torch.randn(*shape, d, generator=generator, dtype=torch.float64)
+    return x / x.norm(dim=-1, keepdim=True)
+
+
+def loglog_slope(x, y) -> float:
+    """Least-squares slope of log y against log x over the points where both are finite and positive.
+
+    A power law y = c x^k gives k exactly; NaN with fewer than two such points.
+    """
+    x, y = np.asarray(x, dtype=float).ravel(), np.asarray(y, dtype=float).ravel()
+    if x.shape != y.shape:
+        raise ValueError(f"x and y must have the same number of points, got {x.size} and {y.size}")
+    keep = np.isfinite(x) & np.isfinite(y) & (x > 0) & (y > 0)
+    return float(np.polyfit(np.log(x[keep]), np.log(y[keep]), 1)[0]) if keep.sum() >= 2 else float("nan")

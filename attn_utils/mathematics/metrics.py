@@ -4,7 +4,8 @@ Layout: attention weights ``(..., R, L)`` (row r = one query, L keys), vectors `
 by project policy the per-head value vectors), a boolean ``mask`` broadcastable to the weights
 (``True`` = key visible). Every leading dim is a batch dim (layers, heads, ...) and must broadcast
 between weights and vectors. A row's length L_r is its number of visible keys. All arithmetic is in
-float64 whatever the input dtype. Tags such as [INFERRED] refer to ``paper/NOTES.md``.
+float64 whatever the input dtype. Where a definition is ours rather than the
+paper's, the docstring says so (see ``book/sources.md``).
 
 Conventions of this module (ours; the paper does not fix them):
 
@@ -27,16 +28,9 @@ import math
 
 import torch
 
-from attn_utils.mathematics.theory import SUM_ATOL, _unit_scale
-from attn_utils.mathematics.validation import (
-    as_tensor,
-    check_choice,
-    check_int,
-    check_keys,
-    check_positive,
-    check_rows_sum_to_one,
-    check_visible_rows,
-)
+from attn_utils.mathematics.rows import Rows, bool_view, unit_scale
+from attn_utils.mathematics.validation import as_tensor, check_choice, check_int, check_keys, check_positive, \
+    check_visible_rows
 
 __all__ = [
     "context_vector",
@@ -62,54 +56,19 @@ _BLOCK_ELEMENTS = 1 << 20
 _CANCELLATION = 1e-2
 
 
-# --- validation -------------------------------------------------------------------------------------
+# --- validation (see attn_utils.mathematics.rows) ---------------------------------------------------
 
 
 def _weights(weights) -> torch.Tensor:
-    """Float64 weights whose rows sum to one within SUM_ATOL (shared with theory; float32 attention passes)."""
-    w = as_tensor("weights", weights)
-    if w.ndim < 2 or not w.is_floating_point():
-        raise ValueError(f"weights must be a float tensor of shape (..., R, L), got shape {tuple(w.shape)}")
-    check_keys("weights", w)
-    return check_rows_sum_to_one("weights", w.to(torch.float64), atol=SUM_ATOL)
-
-
-def _with_vectors(w: torch.Tensor, x) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate the vectors x (..., L, d); return the weights broadcast (as a view) to the common
-    leading dims, and x in float64."""
-    x = as_tensor("x", x)
-    if x.ndim < 2 or not x.is_floating_point() or x.shape[-2] != w.shape[-1]:
-        raise ValueError(
-            f"x must be a float tensor of shape (..., L, d) with L = {w.shape[-1]} keys "
-            f"(the last axis of weights), got shape {tuple(x.shape)}"
-        )
-    if not torch.isfinite(x).all():
-        raise ValueError("x must contain only finite numbers (found NaN or inf)")
-    try:
-        lead = torch.broadcast_shapes(x.shape[:-2], w.shape[:-2])
-    except RuntimeError:
-        raise ValueError(
-            f"the leading dims of x {tuple(x.shape[:-2])} and weights {tuple(w.shape[:-2])} do not broadcast"
-        ) from None
-    return w.expand(*lead, *w.shape[-2:]), x.to(torch.float64)
-
-
-def _bool_like(name: str, value, shape: torch.Size) -> torch.Tensor:
-    """A boolean tensor broadcast (as a view) to ``shape``."""
-    t = as_tensor(name, value)
-    if t.dtype != torch.bool:
-        raise ValueError(f"{name} must be a boolean tensor, got dtype {t.dtype}")
-    try:
-        return t.expand(shape)
-    except RuntimeError:
-        raise ValueError(f"{name} of shape {tuple(t.shape)} does not broadcast to weights {tuple(shape)}") from None
+    """Float64 weights whose rows sum to one (the weights of :meth:`Rows.of`)."""
+    return Rows.of(weights).weights
 
 
 def _visible(mask, shape: torch.Size) -> torch.Tensor:
     """The mask as a view of ``shape``; None means every key is visible."""
     if mask is None:
         return torch.ones((), dtype=torch.bool).expand(shape)
-    return _bool_like("mask", mask, shape)
+    return bool_view("mask", mask, shape)
 
 
 def _top_n_count(N, weights: torch.Tensor) -> int:
@@ -215,7 +174,7 @@ def _separability(w, x, selected, visible, valid, N: int) -> tuple[torch.Tensor,
 
 
 def _project(x: torch.Tensor, M: float) -> torch.Tensor:
-    x = _unit_scale(x, dims=1)[0]  # x / ||x|| is scale-free; the norm of x / c cannot overflow
+    x = unit_scale(x, dims=1)[0]  # x / ||x|| is scale-free; the norm of x / c cannot overflow
     norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
     return M * x / torch.where(norm > 0, norm, 1.0)
 
@@ -248,57 +207,55 @@ def _fd_gradients(logits, v, visible, Ts, epsilons) -> torch.Tensor:
 
 
 def top_n_mask(weights, N: int, mask=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The top-N set I_N of each row (NOTES §1.3, [SOURCE: FT]) and the rows where it is meaningful.
+    """The top-N set I_N of each row (recovered: the paper's definition) and the rows where it is meaningful.
 
     Returns ``(selected, valid_rows)``: ``selected`` (..., R, L) is True at the N largest weights among
     the visible keys, ties broken by the lowest key index (ours); ``valid_rows`` (..., R) is L_r > N.
     On an invalid row (L_r <= N) ``selected`` holds all of its visible keys.
     """
-    w = _weights(weights)
-    N = _top_n_count(N, w)
-    return _top_n(w, _visible(mask, w.shape), N)
+    rows = Rows.of(weights, mask=mask)
+    return _top_n(rows.weights, rows.visible, _top_n_count(N, rows.weights))
 
 
 def context_vector(weights, x, selected) -> torch.Tensor:
-    """s = sum_{i in I_N} alpha_i x_i (NOTES §1.3, [SOURCE: ML-en/ML-zh]), shape (..., R, d)."""
-    w, xs = _with_vectors(_weights(weights), x)
-    return _context(w, xs, _bool_like("selected", selected, w.shape))
+    """s = sum_{i in I_N} alpha_i x_i (recovered), shape (..., R, d)."""
+    rows = Rows.of(weights, x)
+    return _context(rows.weights, rows.x, bool_view("selected", selected, rows.weights.shape))
 
 
 def cumulative_distance(weights, x, selected, mask=None, reading: str = "sum_of_norms") -> torch.Tensor:
     """The cumulative distance d-tilde of Eq. (7) for each row, shape (..., R).
 
-    ``reading="sum_of_norms"`` (default, our reconstruction, NOTES §2 [INFERRED]):
+    ``reading="sum_of_norms"`` (default, our reconstruction; book/sources.md):
         d = sum_{i visible, i not in I_N} ||alpha_i x_i - s||.
-    ``reading="norm_of_sum"`` (the alternative of NOTES §2 [INFERRED]):
+    ``reading="norm_of_sum"`` (the other reading; book/sources.md):
         d = ||sum_{i visible, i not in I_N} (alpha_i x_i - s)||.
     ``selected`` must lie inside the mask. A row without non-selected visible keys gives 0. Both readings
     are homogeneous of degree 1 in x: d(c x) = c d(x) (computed so, see the module's docstring).
     """
-    w, xs = _with_vectors(_weights(weights), x)
-    visible = _visible(mask, w.shape)
-    selected = _bool_like("selected", selected, w.shape)
-    if (selected & ~visible).any():
+    rows = Rows.of(weights, x, mask)
+    selected = bool_view("selected", selected, rows.weights.shape)
+    if (selected & ~rows.visible).any():
         raise ValueError("selected must lie inside mask: a selected key is not visible")
     check_choice("reading", reading, READINGS)
-    xs, c = _unit_scale(xs)
-    return _cumulative_distance(w, xs, selected, visible, reading) * c.unsqueeze(-1)
+    xs, c = unit_scale(rows.x)
+    return _cumulative_distance(rows.weights, xs, selected, rows.visible, reading) * c.unsqueeze(-1)
 
 
 def expected_distance_mc(weights, x, N: int, mask=None, n_samples: int = 256, generator=None,
                          reading: str = "sum_of_norms") -> torch.Tensor:
-    """Monte-Carlo estimate of E_{I_N ~ U}[d-tilde] (Eq. (8), NOTES §2 "random selection"), shape (..., R).
+    """Monte-Carlo estimate of E_{I_N ~ U}[d-tilde] (Eq. (8), the random selection of Theorem 1), shape (..., R).
 
     Each sample draws, independently per row, a uniformly random N-subset of the visible keys (the N
     largest of i.i.d. uniform scores) and evaluates d-tilde with the row's own weights on that subset.
     Invalid rows (L_r <= N) are NaN. ``generator`` (a ``torch.Generator``) makes the draw reproducible.
     """
-    w, xs = _with_vectors(_weights(weights), x)
+    rows = Rows.of(weights, x, mask)
+    w, visible = rows.weights, rows.visible
     N = _top_n_count(N, w)
     n_samples = check_int("n_samples", n_samples, low=1)
     check_choice("reading", reading, READINGS)
-    visible = _visible(mask, w.shape)
-    xs, c = _unit_scale(xs)
+    xs, c = unit_scale(rows.x)
     total = torch.zeros(w.shape[:-1], dtype=torch.float64)
     for _ in range(n_samples):
         scores = torch.rand(w.shape, generator=generator, dtype=torch.float64).masked_fill_(~visible, -1.0)
@@ -324,18 +281,18 @@ def separability(weights, x, N: int, mask=None, M: float = 1.0,
     """Separability ratio N_s / N of Definition (10) and the radius r, per row (Algorithm 4).
 
     With ``normalize`` the x_i are first projected onto the sphere of radius M (Assumption 1).
-    r = min_{i visible, i not in I_N} ||s - alpha_i x_i|| (the paper's choice, [SOURCE: FT Alg. 4]) and
+    r = min_{i visible, i not in I_N} ||s - alpha_i x_i|| (the paper's choice in Algorithm 4) and
         N_s = #{i in I_N : ||alpha_i x_i - s|| < r}.
     Strict "<" is our reading: with this r the nearest non-selected point lies on the boundary of the
     closed ball B_r(s), so the paper's condition "alpha_j x_j not in B_r(s) for all j not in I_N" holds
     only for the open ball; a selected point counts when it is strictly closer to s than every
     non-selected point. Returns ``(ratio, r)``, both NaN on invalid rows (L_r <= N).
     """
-    w, xs = _with_vectors(_weights(weights), x)
+    rows = Rows.of(weights, x, mask)
+    w, visible = rows.weights, rows.visible
     N = _top_n_count(N, w)
     M = check_positive("M", M)
-    visible = _visible(mask, w.shape)
-    xs, c = _unit_scale(xs)  # r is homogeneous of degree 1 in x, the ratio of degree 0
+    xs, c = unit_scale(rows.x)  # r is homogeneous of degree 1 in x, the ratio of degree 0
     if normalize:
         xs, c = _project(xs, M), torch.ones_like(c)
     selected, valid = _top_n(w, visible, N)
@@ -346,7 +303,7 @@ def separability(weights, x, N: int, mask=None, M: float = 1.0,
 def min_pairwise_distance(x) -> torch.Tensor:
     """delta = min_{i != j} ||x_i - x_j|| over the L vectors of x (..., L, d), shape (...).
 
-    Assumption 2 with "delta set to the empirical minimum pairwise distance" ([SOURCE: FT]). The Gram
+    Assumption 2 with delta set to the empirical minimum pairwise distance, as the paper does. The Gram
     form |x_i|^2 + |x_j|^2 - 2<x_i, x_j> only screens the pairs: its rounding error is below
     2 (d + 2) eps max_i |x_i|^2, so every pair within four times that of the screened minimum is
     recomputed from its direct difference, and nearly equal vectors keep full precision.
@@ -355,7 +312,7 @@ def min_pairwise_distance(x) -> torch.Tensor:
     if x.ndim < 2 or x.shape[-2] < 2 or not x.is_floating_point() or not torch.isfinite(x).all():
         raise ValueError(f"x must be a finite float tensor of shape (..., L, d) with L >= 2, got {tuple(x.shape)}")
     lead, (L, d) = x.shape[:-2], x.shape[-2:]
-    x, c = _unit_scale(x.to(torch.float64).reshape(math.prod(lead), L, d))  # delta(c x) = c delta(x)
+    x, c = unit_scale(x.to(torch.float64).reshape(math.prod(lead), L, d))  # delta(c x) = c delta(x)
     sq = x.square().sum(-1)
     gram = torch.baddbmm(sq.unsqueeze(-1) + sq.unsqueeze(-2), x, x.mT, alpha=-2)
     gram.diagonal(dim1=-2, dim2=-1).fill_(torch.inf)
@@ -380,7 +337,7 @@ def random_directions(mask, generator=None) -> torch.Tensor:
 
 
 def finite_difference_gradient(logits, T: float, eps: float, mask=None, generator=None) -> torch.Tensor:
-    """g_r = ||softmax((l_r + eps v_r) / T) - softmax(l_r / T)|| / eps per row (Algorithm 5, NOTES §3.4).
+    """g_r = ||softmax((l_r + eps v_r) / T) - softmax(l_r / T)|| / eps per row (Algorithm 5).
 
     l_r is row r of ``logits`` (..., R, L), softmax runs over the visible keys only, and v_r comes from
     :func:`random_directions` with ``generator``. L >= 1, and every row must see a key (softmax over no
@@ -404,10 +361,10 @@ def finite_difference_gradient(logits, T: float, eps: float, mask=None, generato
 
 def entropy(weights) -> torch.Tensor:
     """Shannon entropy -sum_i alpha_i log alpha_i of each row (natural log, 0 log 0 = 0), shape (..., R)."""
-    w = _weights(weights)
+    w = Rows.of(weights).weights
     return -torch.special.xlogy(w, w).sum(-1)
 
 
 def max_weight(weights) -> torch.Tensor:
     """max_i alpha_i of each row, shape (..., R)."""
-    return _weights(weights).amax(-1)
+    return Rows.of(weights).weights.amax(-1)

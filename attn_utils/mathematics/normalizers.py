@@ -10,8 +10,8 @@ The paper (arXiv 2508.17821) writes softmax with temperature as Eq. (2),
 ``alpha_i = F(l_i, theta) / sum_j F(l_j, theta)`` for a positive function ``F``. The remedies of its
 Sec. 4 (sparsemax and 1.5-entmax, scalable softmax, self-adjust softmax) and softmax-1 are here too.
 
-``normalize(logits, name, mask=..., **params)`` dispatches by name through ``NORMALIZERS``;
-``sums_to_one(name)`` (or the set ``SUMS_TO_ONE``) says which of them return probability distributions.
+What the book knows about each of them beyond the function (label, kind of rows, envelope, Jacobian) is in
+its record in :mod:`attn_utils.mathematics.registry`, which also dispatches by name (``registry.normalize``).
 """
 from __future__ import annotations
 
@@ -21,22 +21,18 @@ import torch
 from entmax import entmax15 as _entmax15
 from entmax import sparsemax as _sparsemax
 
-from attn_utils.mathematics.validation import as_tensor, broadcasts_to, check_choice, check_finite, check_int, check_positive
+from attn_utils.mathematics.validation import as_tensor, broadcasts_to, check_finite, check_int, check_positive
 
 __all__ = [
-    "NORMALIZERS",
-    "SUMS_TO_ONE",
     "causal_mask",
     "entmax15",
     "general",
-    "normalize",
     "self_adjust",
     "self_adjust_normalized",
     "softmax",
     "softmax1",
     "sparsemax",
     "ssmax",
-    "sums_to_one",
 ]
 
 
@@ -219,35 +215,3 @@ def self_adjust_normalized(logits, *, mask=None, T: float = 1.0) -> torch.Tensor
     high = torch.where(visible, z, -torch.inf).amax(-1, keepdim=True).clamp(min=0)
     span = high - low
     return (z - low) / torch.where(span > 0, span, 1) * _masked_softmax(z, visible)
-
-
-# --- registry and dispatch ------------------------------------------------------------------------
-
-NORMALIZERS: dict[str, Callable[..., torch.Tensor]] = {
-    "softmax": softmax,
-    "general": general,
-    "sparsemax": sparsemax,
-    "entmax15": entmax15,
-    "ssmax": ssmax,
-    "softmax1": softmax1,
-    "self_adjust": self_adjust,
-    "self_adjust_normalized": self_adjust_normalized,
-}
-
-SUMS_TO_ONE: frozenset[str] = frozenset({"softmax", "general", "sparsemax", "entmax15", "ssmax"})
-
-
-def sums_to_one(name: str) -> bool:
-    """Whether normalizer ``name`` returns rows that sum to one (a probability distribution)."""
-    check_choice("name", name, NORMALIZERS)
-    return name in SUMS_TO_ONE
-
-
-def normalize(logits, name: str = "softmax", *, mask=None, **params) -> torch.Tensor:
-    """Normalize ``logits`` along the last axis with the normalizer ``name`` from ``NORMALIZERS``.
-
-    ``params`` go to that normalizer: ``T`` (all but "general"), ``s`` ("ssmax"), ``F`` and ``theta``
-    ("general").
-    """
-    check_choice("name", name, NORMALIZERS)
-    return NORMALIZERS[name](logits, mask=mask, **params)

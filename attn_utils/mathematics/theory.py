@@ -1,10 +1,11 @@
 """The paper's bounds as executable, vectorised formulas, with their proofs and status.
 
 Every result of arXiv 2508.17821 ("Limitations of Normalization in Attention Mechanism") that the
-book checks is computed here. The available copies of the paper lost most display formulas (see
-``shared/paper/NOTES.md``), so each docstring says where a formula comes from:
+book checks is computed here. The available copies of the paper lost most display formulas (the book's page
+"Sources and reconstructions", ``book/sources.md``, says statement by statement what survived), so each
+docstring says where a formula comes from:
 
-* **Paper's statement (recovered)**: the formula survived in a secondary source and is the paper's.
+* **Paper's statement (recovered)**: the formula survived in the paper's text or a public summary of it.
 * **Reconstruction (ours)**: we rebuilt the formula from the paper's prose and proof sketch; the proof
   given here is ours, and the test suite checks it numerically.
 * **Corrected (ours)**: the recovered statement is false as written; we give a counterexample and a
@@ -35,6 +36,7 @@ from typing import NamedTuple
 import torch
 from scipy.optimize import minimize_scalar
 
+from attn_utils.mathematics.rows import SUM_ATOL, Rows, bool_view, float_tensor, unit_scale
 from attn_utils.mathematics.validation import (
     as_tensor,
     broadcasts_to,
@@ -81,7 +83,6 @@ __all__ = [
 ]
 
 #: Tolerance on "the visible weights of a row sum to one" (attention computed in float32 is accepted).
-SUM_ATOL = 1e-5
 #: Rough number of tensor elements one chunk of rows may allocate per temporary.
 CHUNK_ELEMENTS = 1 << 22
 #: Largest row length that ``theorem1_random_expectation_exact`` enumerates (C(16, 8) = 12870 subsets).
@@ -143,26 +144,6 @@ class TwoLogitExample(NamedTuple):
 # --- input handling --------------------------------------------------------------------------------
 
 
-def _float_tensor(name: str, value) -> torch.Tensor:
-    """Tensors and arrays keep a floating dtype; Python numbers, lists and integer data become float64."""
-    if not isinstance(value, torch.Tensor) and not hasattr(value, "dtype"):
-        try:
-            value = torch.as_tensor(value, dtype=torch.float64)
-        except (TypeError, ValueError, RuntimeError):
-            raise ValueError(f"{name} must be an array or tensor of numbers, got {type(value).__name__}") from None
-    t = as_tensor(name, value)
-    return t if t.is_floating_point() else t.to(torch.float64)
-
-
-def _bool_tensor(name: str, value, shape: torch.Size) -> torch.Tensor:
-    t = as_tensor(name, value)
-    if t.dtype != torch.bool:
-        raise ValueError(f"{name} must be a boolean tensor, got dtype {t.dtype}")
-    if not broadcasts_to(t.shape, shape):
-        raise ValueError(f"{name} of shape {tuple(t.shape)} does not broadcast to the weights' shape {tuple(shape)}")
-    return t.expand(shape)
-
-
 def _check_number(name: str, value, low: float, high: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (low <= value <= high):
         raise ValueError(f"{name} must be a number in [{low}, {high}], got {value!r}")
@@ -190,18 +171,6 @@ def _check_distribution(name: str, w: torch.Tensor) -> torch.Tensor:
     return w
 
 
-def _unit_scale(x: torch.Tensor, dims: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x / c, c): c = 2^k per index of the leading dims (all but the last ``dims``), with
-    max |x / c| < 2 (c = 1 where x is 0). Division by a power of two is exact (short of underflow),
-    squares of x / c cannot overflow, and c is representable in x's dtype."""
-    lead = x.shape[: x.ndim - dims]
-    if x.numel() == 0:
-        return x, torch.ones(lead, dtype=x.dtype)
-    _, e = torch.frexp(x.abs().amax(tuple(range(x.ndim - dims, x.ndim))))
-    c = torch.ldexp(torch.ones(e.shape, dtype=x.dtype), torch.where(e == 0, 1, e) - 1)  # e = 0: max < 1, c = 1
-    return x / c.reshape(*lead, *(1,) * dims), c
-
-
 class _Rows(NamedTuple):
     weights: torch.Tensor  # (B, R, L): the batch dims broadcast and flattened (a view where possible)
     x: torch.Tensor  # (B, L, d), each head divided by its power-of-two scale (see _unit_scale)
@@ -216,31 +185,15 @@ class _Rows(NamedTuple):
 
 
 def _prepare(weights, x, mask) -> _Rows:
-    """Check the shapes of (weights, x, mask), promote to one float dtype, broadcast the batch dims."""
-    weights, x = _float_tensor("weights", weights), _float_tensor("x", x)
-    if weights.ndim < 2:
-        raise ValueError(f"weights must have shape (..., R, L) with at least 2 dims, got {tuple(weights.shape)}")
-    check_keys("weights", weights)
-    if x.ndim < 2 or x.shape[-2] != weights.shape[-1]:
-        raise ValueError(
-            f"x must have shape (..., L, d) with L = weights.shape[-1] = {weights.shape[-1]}, got {tuple(x.shape)}"
-        )
-    try:
-        batch = torch.broadcast_shapes(weights.shape[:-2], x.shape[:-2])
-    except RuntimeError:
-        raise ValueError(
-            f"weights and x have mismatched batch shapes {tuple(weights.shape)} and {tuple(x.shape)}"
-        ) from None
-    dtype, B = torch.promote_types(weights.dtype, x.dtype), math.prod(batch)
-    weights = weights.to(dtype).expand(*batch, *weights.shape[-2:]).reshape(B, *weights.shape[-2:])
-    x = check_finite("x", x.to(dtype)).expand(*batch, *x.shape[-2:]).reshape(B, *x.shape[-2:])
-    if torch.isinf(x).any():
-        raise ValueError("x contains infinite values; all entries must be finite numbers")
-    if mask is not None:
-        mask = _bool_tensor("mask", mask, torch.Size((*batch, *weights.shape[-2:])))
-        mask = check_visible_rows("mask", mask).reshape(weights.shape)  # the row index in the caller's layout
-    x, scale = _unit_scale(x)
-    return _Rows(weights, x, mask, batch, scale)
+    """Validate (weights, x, mask) once (:meth:`Rows.of`, one promoted float dtype), flatten the batch dims and
+    scale x per head (see :func:`unit_scale`); every row must see a key."""
+    rows = Rows.of(weights, x, mask, dtype=None, sums_to_one=False)
+    batch = rows.weights.shape[:-2]
+    B = math.prod(batch)
+    w, xs = rows.weights.reshape(B, *rows.weights.shape[-2:]), rows.x.reshape(B, *rows.x.shape[-2:])
+    mask = check_visible_rows("mask", rows.visible).reshape(w.shape) if rows.masked else None
+    xs, scale = unit_scale(xs)
+    return _Rows(w, xs, mask, batch, scale)
 
 
 def _visible_rows(rows: _Rows, bs: slice, rs: slice) -> tuple[torch.Tensor, torch.Tensor]:
@@ -294,7 +247,7 @@ def _compact(sel: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
 def lemma1_constants(F: Callable, a: float, theta=None) -> Lemma1Constants:
     """Constants C1 = m_F / M_F and C2 = M_F / m_F of Lemma 1.
 
-    Paper's statement (recovered; NOTES §2, Lemma 1): for alpha_i = F(l_i) / sum_j F(l_j) with a
+    Paper's statement (recovered; book/sources.md, Lemma 1): for alpha_i = F(l_i) / sum_j F(l_j) with a
     positive continuous F that does not depend on L, and logits in [-a, a],
     C1 / L <= alpha_i <= C2 / L. Proof: F attains m_F = min F > 0 and M_F = max F on the compact
     interval, so each of the L terms of the denominator lies in [m_F, M_F].
@@ -331,7 +284,7 @@ def lemma1_constants(F: Callable, a: float, theta=None) -> Lemma1Constants:
 def lemma1_bounds(F: Callable, a: float, L: int, theta=None) -> Bounds:
     """Lemma 1's bounds (C1 / L, C2 / L) on every weight alpha_i of a row of length L (floats).
 
-    Paper's statement (recovered; NOTES §2, Lemma 1); see ``lemma1_constants`` for the proof.
+    Paper's statement (recovered; book/sources.md, Lemma 1); see ``lemma1_constants`` for the proof.
     """
     L = check_int("L", L, low=1)
     C = lemma1_constants(F, a, theta)
@@ -341,7 +294,7 @@ def lemma1_bounds(F: Callable, a: float, L: int, theta=None) -> Bounds:
 def corollary1_bounds(q, k, T: float, mask=None) -> Bounds:
     """Corollary 1 (softmax): e^{-2 Delta/T} / L_r <= alpha_{r,j} <= e^{2 Delta/T} / L_r per row r.
 
-    Paper's statement (recovered; NOTES §2, Corollary 1), with Delta_r = ||q_r|| * max_j ||k_j|| over
+    Paper's statement (recovered; book/sources.md, Corollary 1), with Delta_r = ||q_r|| * max_j ||k_j|| over
     the keys row r sees (we read the paper's ||k|| as that maximum, which makes the bound strict).
     Proof: |q_r^T k_j| <= Delta_r by Cauchy-Schwarz, so Lemma 1 applies with a = Delta_r and
     F = exp(l / T), whose extrema give M_F / m_F = e^{2 Delta_r / T}.
@@ -350,7 +303,7 @@ def corollary1_bounds(q, k, T: float, mask=None) -> Bounds:
     the upper bound overflows to inf and the lower one underflows to 0, which stay valid.
     """
     T = check_positive("T", T)
-    q, k = _float_tensor("q", q), _float_tensor("k", k)
+    q, k = float_tensor("q", q), float_tensor("k", k)
     if q.ndim < 2 or k.ndim < 2 or q.shape[-1] != k.shape[-1]:
         raise ValueError(
             f"q (..., R, d) and k (..., L, d) must share d, got shapes {tuple(q.shape)} and {tuple(k.shape)}"
@@ -368,7 +321,7 @@ def corollary1_bounds(q, k, T: float, mask=None) -> Bounds:
     if mask is None:
         kmax, L_r = kn.amax(-1, keepdim=True), torch.full_like(qn, k.shape[-2])
     else:
-        mask = check_visible_rows("mask", _bool_tensor("mask", mask, torch.Size((*batch, q.shape[-2], k.shape[-2]))))
+        mask = check_visible_rows("mask", bool_view("mask", mask, torch.Size((*batch, q.shape[-2], k.shape[-2]))))
         kmax = torch.where(mask, kn.unsqueeze(-2), torch.zeros((), dtype=dtype)).amax(-1)
         L_r = mask.sum(-1).to(dtype)
     spread = torch.exp(2 * qn * kmax / T)
@@ -418,14 +371,14 @@ def farthest_keys(x, m: int = FARTHEST, prefixes: Sequence[int] = ()) -> Farthes
     are ranked on each head's x / c (c = a power of two, see ``_unit_scale``), so they stay right for any
     finite x; a squared distance beyond the float range is stored as inf.
     """
-    x = _float_tensor("x", x)
+    x = float_tensor("x", x)
     if x.ndim < 2:
         raise ValueError(f"x must have shape (..., L, d), got {tuple(x.shape)}")
     check_keys("x", x, -2)
     check_finite("x", x)
     m = check_int("m", m, low=1)
     L, d = x.shape[-2:]
-    flat, scale = _unit_scale(x.reshape(math.prod(x.shape[:-2]), L, d))
+    flat, scale = unit_scale(x.reshape(math.prod(x.shape[:-2]), L, d))
     doubling = []
     while not doubling or doubling[-1] < L:
         doubling.append(min(L, m << len(doubling)))
@@ -506,7 +459,7 @@ def _max_cross_sq_distance(x, far: FarthestKeys, unit, heads, idx, valid, unsel)
 def theorem1_fixed_bound(weights, x, selected, mask=None, *, farthest: FarthestKeys | None = None) -> torch.Tensor:
     """Theorem 1 (fixed top-N set): an upper bound on the distance d~ of every row, shape (..., R).
 
-    Reconstruction (ours) of a formula whose second term is truncated in the source (NOTES §2,
+    Reconstruction (ours) of a formula whose second term is truncated in the source (book/sources.md,
     Theorem 1 (1); the first term (1 - abar) d_1 is recovered). With abar = sum_{j in I} alpha_j over
     the selected set I (N keys of the L_r visible ones), U = the visible unselected keys,
     s = sum_{j in I} alpha_j x_j and d_1 = max_{i in U, j in I} ||x_i - x_j||:
@@ -544,7 +497,7 @@ def theorem1_fixed_bound(weights, x, selected, mask=None, *, farthest: FarthestK
     x / c per head (c a power of two) and multiplied by c: finite for every finite x.
     """
     rows = _prepare(weights, x, mask)
-    sel = _bool_tensor("selected", selected, torch.Size((*rows.batch, *rows.weights.shape[-2:])))
+    sel = bool_view("selected", selected, torch.Size((*rows.batch, *rows.weights.shape[-2:])))
     sel = sel.reshape(rows.weights.shape)
     if rows.mask is not None and (sel & ~rows.mask).any():
         raise ValueError("selected must lie inside the visible keys of mask")
@@ -610,7 +563,7 @@ def _main_sum(w, vis, xm, sq, mm, N: int) -> torch.Tensor:
 def theorem1_random_main_sum(weights, x, N: int, mask=None) -> torch.Tensor:
     """Main sum E of Theorem 1 for a uniformly random N-subset I of the visible keys, shape (..., R).
 
-    Reconstruction (ours) of the random part of Theorem 1 (NOTES §2, Theorem 1 (2); the paper's
+    Reconstruction (ours) of the random part of Theorem 1 (book/sources.md, Theorem 1 (2); the paper's
     prose, "each token is excluded with probability (L - N)/L" and the j != i of its display):
 
         E = ((L_r - N) / L_r) * sum_i || alpha_i x_i - (N / (L_r - 1)) sum_{j != i} alpha_j x_j ||,
@@ -651,7 +604,7 @@ def theorem1_random_expectation_exact(weights_row, x, N: int) -> torch.Tensor:
     independent reference for ``theorem1_random_main_sum``. weights_row (L,) must be a distribution,
     x (L, d), 1 <= N <= L - 1 and L <= MAX_EXACT_L.
     """
-    w, x = _float_tensor("weights_row", weights_row), _float_tensor("x", x)
+    w, x = float_tensor("weights_row", weights_row), float_tensor("x", x)
     if w.ndim != 1:
         raise ValueError(f"weights_row must be one row of shape (L,), got {tuple(w.shape)}")
     L = check_int("L", w.shape[0], low=2, high=MAX_EXACT_L)
@@ -674,7 +627,7 @@ def jensen_residual(expected, main_sum) -> torch.Tensor:
     Reconstruction (ours): see ``theorem1_random_main_sum`` for the proof that eps >= 0, that it
     vanishes exactly at N = L - 1, and that it need not decrease monotonically in N.
     """
-    expected, main_sum = _float_tensor("expected", expected), _float_tensor("main_sum", main_sum)
+    expected, main_sum = float_tensor("expected", expected), float_tensor("main_sum", main_sum)
     check_same_shape("expected", expected, "main_sum", main_sum)
     check_finite("expected", expected)
     check_finite("main_sum", main_sum)
@@ -684,7 +637,7 @@ def jensen_residual(expected, main_sum) -> torch.Tensor:
 def corollary2_small_n_limit(weights, x, mask=None) -> torch.Tensor:
     """A_r = sum_i ||alpha_i x_i|| over the visible keys, shape (..., R): Corollary 2 (i)'s limit.
 
-    Reconstruction (ours) of Corollary 2 (i) (NOTES §2): for fixed N and growing L, (L - N)/L -> 1
+    Reconstruction (ours) of Corollary 2 (i) (book/sources.md): for fixed N and growing L, (L - N)/L -> 1
     and N/(L - 1) -> 0 in the main sum E, which suggests E -> A. ``corollary2_bounds`` makes precise
     how far this holds: |E - A| <= small_n_gap, which is O(N/L) * A plus a term of size about
     N ||m||, m = sum_i alpha_i x_i. So E -> A needs N ||m|| -> 0 as well, and fails otherwise: with
@@ -703,7 +656,7 @@ def corollary2_small_n_limit(weights, x, mask=None) -> torch.Tensor:
 def corollary2_bounds(weights, x, N: int, mask=None) -> Corollary2Bounds:
     """Certificates for both limits of Corollary 2 on the main sum E, per row (..., R).
 
-    Reconstruction (ours) of Corollary 2 (NOTES §2). With A = sum_i ||alpha_i x_i||,
+    Reconstruction (ours) of Corollary 2 (book/sources.md). With A = sum_i ||alpha_i x_i||,
     m = sum_i alpha_i x_i, c = N / (L - 1) and each term of E written as ||(1 + c) alpha_i x_i - c m||:
 
     * (i) small N: ``small_n_gap`` = (N / L) A + ((L - N) / L) c sum_i ||m - alpha_i x_i|| bounds
@@ -745,7 +698,7 @@ def corollary2_bounds(weights, x, N: int, mask=None) -> Corollary2Bounds:
 
 def _per_row(name: str, value, w: torch.Tensor) -> torch.Tensor:
     """A number or a tensor broadcastable to the rows w.shape[:-1], as a (..., 1) tensor of w's dtype."""
-    v = _float_tensor(name, value).to(w.dtype)
+    v = float_tensor(name, value).to(w.dtype)
     check_finite(name, v)
     if torch.isinf(v).any():
         raise ValueError(f"{name} must be finite")
@@ -759,8 +712,8 @@ def _per_row(name: str, value, w: torch.Tensor) -> torch.Tensor:
 
 def _theorem2_inputs(weights, selected, M, delta):
     M = check_positive("M", M)
-    w = check_keys("weights", _float_tensor("weights", weights))
-    sel = _bool_tensor("selected", selected, w.shape)
+    w = check_keys("weights", float_tensor("weights", weights))
+    sel = bool_view("selected", selected, w.shape)
     if (sel.sum(-1) < 1).any():
         raise ValueError("selected must contain at least one key (N >= 1) in every row")
     if isinstance(delta, bool):
@@ -792,7 +745,7 @@ def _xi(w: torch.Tensor, sel: torch.Tensor, M: float, delta: torch.Tensor) -> to
 def theorem2_xi(weights, selected, M: float, delta: float) -> torch.Tensor:
     """xi_i of Theorem 2 for every selected key i (0 at unselected keys), shape like ``weights``.
 
-    Reconstruction (ours) of a formula lost in the source (NOTES §2, Theorem 2):
+    Reconstruction (ours) of a formula lost in the source (book/sources.md, Theorem 2):
 
         xi_i^2 = M^2 sum_{j in I \\ i} alpha_j^2 + (M^2 - delta^2 / 2) sum_{j != k in I \\ i} alpha_j alpha_k
                = M^2 S_1^2 - (delta^2 / 2) (S_1^2 - S_2),
@@ -812,7 +765,7 @@ def theorem2_xi(weights, selected, M: float, delta: float) -> torch.Tensor:
 def theorem2_bounds(weights, selected, r, M: float, delta: float) -> Bounds:
     """Theorem 2's lower and upper bounds on the separability fraction N_s / N, per row (...,).
 
-    Reconstruction (ours) of Eq. (11) (NOTES §2, Theorem 2), with xi_i from ``theorem2_xi`` and
+    Reconstruction (ours) of Eq. (11) (book/sources.md, Theorem 2), with xi_i from ``theorem2_xi`` and
     N_s = #{i in I : ||alpha_i x_i - s|| < r}, r = min_{j not in I} ||s - alpha_j x_j|| (the caller's r;
     the count is strict, as in ``metrics.separability``, because the nearest unselected point lies on
     the boundary of the closed ball):
@@ -883,7 +836,7 @@ def theorem2_upper_counterexample() -> Theorem2Instance:
 
 
 def _logits(logits) -> torch.Tensor:
-    l = _float_tensor("logits", logits)
+    l = float_tensor("logits", logits)
     if l.ndim < 1 or l.shape[-1] < 1:
         raise ValueError(f"logits must have shape (..., L) with L >= 1, got {tuple(l.shape)}")
     check_finite("logits", l)
@@ -904,7 +857,7 @@ def _normalizer_values(F, dF, logits, theta):
 def general_jacobian(F: Callable, dF: Callable, logits, theta=None) -> torch.Tensor:
     """Jacobian d alpha_i / d l_k of Eq. (3), shape (..., L, L) (row i, column k).
 
-    Reconstruction (ours; NOTES §2, Lemma 2): differentiating alpha_i = F_i / S, S = sum_j F_j, gives
+    Reconstruction (ours; book/sources.md, Lemma 2): differentiating alpha_i = F_i / S, S = sum_j F_j, gives
     d alpha_i / d l_k = (F'_k / S) (delta_ik - alpha_i), i.e. J = diag(F') / S - alpha F'^T / S.
     F and dF (its derivative in l) are called as F(l, theta), or F(l) when theta is None.
     """
@@ -915,7 +868,7 @@ def general_jacobian(F: Callable, dF: Callable, logits, theta=None) -> torch.Ten
 def lemma2_bound(F: Callable, dF: Callable, logits, theta=None) -> torch.Tensor:
     """Lemma 2: (max_k |F'_k| + ||alpha||_2 ||F'||_2) / (L min_j F_j) >= ||J||_2, shape (...,).
 
-    Reconstruction (ours) of a lost display (NOTES §2, Lemma 2; the prose says both terms in the
+    Reconstruction (ours) of a lost display (book/sources.md, Lemma 2; the prose says both terms in the
     parentheses scale with 1 / min_j F). Proof: J = diag(F') / S - alpha F'^T / S, so by the triangle
     inequality ||J||_2 <= max_k |F'_k| / S + ||alpha||_2 ||F'||_2 / S (a diagonal matrix has norm
     max |entry|; a rank-one matrix u v^T has norm ||u|| ||v||), and S = sum_j F_j >= L min_j F_j > 0.
@@ -932,13 +885,13 @@ def softmax_jacobian(weights, T: float) -> torch.Tensor:
     each row a distribution.
     """
     T = check_positive("T", T)
-    a = check_keys("weights", _float_tensor("weights", weights))
+    a = check_keys("weights", float_tensor("weights", weights))
     _check_distribution("weights", a)
     return (torch.diag_embed(a) - a.unsqueeze(-1) * a.unsqueeze(-2)) / T
 
 
 def corollary3_bound(T: float) -> float:
-    """min{1 / (4T), sqrt(2)}: Corollary 3 exactly as the paper states it (NOTES §2, Corollary 3).
+    """min{1 / (4T), sqrt(2)}: Corollary 3 exactly as the paper states it (book/sources.md, Corollary 3).
 
     Paper's statement (recovered). **False as a bound on the spectral norm ||d alpha / d l||_2**: two
     tied logits give 1 / (2T) (``corollary3_counterexample``). What does hold with 1 / (4T): every
@@ -993,7 +946,7 @@ def corollary3_counterexample(T: float) -> Corollary3Counterexample:
 def two_logit_example(c: float, eps: float, rest: Sequence[float] = ()) -> TwoLogitExample:
     """The motivating example of Sec. 2.3: l1 = (c + eps, c, *rest), l2 = (c - eps, c + eps, *rest).
 
-    Reconstruction (ours; NOTES §2, "Gradient sensitivity"): ||l1 - l2||_2 = ||(2 eps, -eps, 0, ...)|| =
+    Reconstruction (ours; book/sources.md, "Gradient sensitivity"): ||l1 - l2||_2 = ||(2 eps, -eps, 0, ...)|| =
     sqrt(5) eps, and the two largest logits swap order (key 0 leads in l1, key 1 in l2); every entry of
     ``rest`` must be below c - eps so those two stay on top. First-order prediction (ours, proven):
     with J = the softmax Jacobian at l2, ||alpha1 - alpha2 - J (l1 - l2)||_2 <= ||l1 - l2||^2 / (2 T^2)
@@ -1004,7 +957,7 @@ def two_logit_example(c: float, eps: float, rest: Sequence[float] = ()) -> TwoLo
     if isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c):
         raise ValueError(f"c must be a finite number, got {c!r}")
     eps = check_positive("eps", eps)
-    rest_t = _float_tensor("rest", list(rest)).to(torch.float64).reshape(-1)
+    rest_t = float_tensor("rest", list(rest)).to(torch.float64).reshape(-1)
     check_finite("rest", rest_t)
     if (rest_t >= c - eps).any():
         raise ValueError(f"every entry of rest must be < c - eps = {c - eps} so that the two top logits swap")
@@ -1027,7 +980,7 @@ def _coverage(p: float, H: int) -> float:
 
 def multihead_coverage(p: float, H: int) -> float:
     """1 - (1 - p)^H: the fraction of top-N tokens covered by H independent heads that each separate a
-    fraction p (the paper's Discussion, NOTES §2; paper's statement, recovered). Computed as
+    fraction p (the paper's Discussion; paper's statement, recovered). Computed as
     -expm1(H log1p(-p)), accurate also for tiny p; non-decreasing in H."""
     p = _check_number("p", p, 0.0, 1.0)
     H = check_int("H", H, low=1)

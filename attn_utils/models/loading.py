@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import tempfile
 from pathlib import Path
 
@@ -36,7 +37,8 @@ KNOWN_MODELS = {
 }
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-_HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"]  # never *.bin / *.pt pickles
+_HUB_CONFIG_FILES = ["*.json", "*.txt", "*.model", "*.jinja"]  # configuration and tokenizer, no weights
+_HUB_FILES = [*_HUB_CONFIG_FILES, "*.safetensors"]  # never *.bin / *.pt pickles
 _PICKLES = {".bin", ".pt", ".pth", ".ckpt", ".pkl"}
 
 
@@ -71,8 +73,8 @@ def resolve_device(device: str | torch.device = "cpu") -> torch.device:
 
 
 def context_length(model) -> int:
-    """The longest sequence the model accepts (``n_positions`` / ``max_position_embeddings``)."""
-    config = model.config
+    """The longest sequence the model (or its configuration) accepts (``n_positions`` / ``max_position_embeddings``)."""
+    config = getattr(model, "config", model)
     for key in ("max_position_embeddings", "n_positions", "n_ctx"):
         if isinstance(getattr(config, key, None), int):
             return getattr(config, key)
@@ -108,12 +110,10 @@ def load_model(name: str = "auto", *, device: str | torch.device = "cpu", dtype:
         model, tokenizer, info = _load_gpt2_random(seed, dtype)
     elif name == "smollm2-135m":
         model, tokenizer, info = _load_smollm2(dtype)
-    elif isinstance(name, str) and (name in HUB_MODELS or Path(name).expanduser().is_dir() or _HUB_ID.match(name)):
+    elif _is_hf(name):
         model, tokenizer, info = _load_hf(name, dtype)
     else:
-        known = "\n".join(f"  {k}: {v}" for k, v in KNOWN_MODELS.items())
-        raise ValueError(f"unknown model {name!r}; use one of\n{known}\n"
-                         "or a local model folder, or a Hugging Face hub id such as 'openai-community/gpt2'")
+        raise _unknown(name)
     model = model.to(dev).eval()
     tokenizer.model_max_length = context_length(model)
     prov = Provenance(requested=name, model_class=type(model).__name__, architecture=architecture(model),
@@ -121,6 +121,57 @@ def load_model(name: str = "auto", *, device: str | torch.device = "cpu", dtype:
                       seed=seed if info["model"] == "gpt2-random" else None, notes=notes + info.pop("notes", []),
                       **info)
     return model, tokenizer, prov
+
+
+def _unknown(name) -> ValueError:
+    known = "\n".join(f"  {k}: {v}" for k, v in KNOWN_MODELS.items())
+    return ValueError(f"unknown model {name!r}; use one of\n{known}\n"
+                      "or a local model folder, or a Hugging Face hub id such as 'openai-community/gpt2'")
+
+
+def _is_hf(name) -> bool:
+    """Whether ``name`` is a GPT-2 family name, a local folder or a hub id."""
+    return isinstance(name, str) and (name in HUB_MODELS or Path(name).expanduser().is_dir()
+                                      or bool(_HUB_ID.match(name)))
+
+
+def _known(name: str) -> str:
+    """``name`` with ``auto`` resolved (:func:`choose_auto`); an unknown name is a ``ValueError`` listing the known."""
+    if name == "auto":
+        return choose_auto()[0]
+    if name in ("gpt2-random", "smollm2-135m") or _is_hf(name):
+        return name
+    raise _unknown(name)
+
+
+def model_context(name: str) -> int:
+    """The context length of model ``name``, read from its configuration without loading its weights: GPT2Config for
+    gpt2-random, the GGUF metadata for smollm2-135m, ``config.json`` of a folder or hub snapshot (the hub only as in
+    :func:`load_model`). A folder with pickled weights only is refused here already."""
+    name = _known(name)
+    if name == "gpt2-random":
+        from transformers import GPT2Config
+
+        return GPT2Config().n_positions
+    if name == "smollm2-135m":
+        return _gguf_context(smollm2_gguf())
+    from transformers import AutoConfig
+
+    folder, _ = _hf_folder(name, weights=False)
+    return context_length(AutoConfig.from_pretrained(folder, trust_remote_code=False, local_files_only=True))
+
+
+def load_tokenizer(name: str):
+    """The tokenizer of model ``name``, without its weights (the one :func:`load_model` returns)."""
+    name = _known(name)
+    if name == "gpt2-random":
+        return gpt2_tokenizer()
+    if name == "smollm2-135m":
+        return _gguf_tokenizer(smollm2_gguf())
+    from transformers import AutoTokenizer
+
+    folder, _ = _hf_folder(name, weights=False)
+    return AutoTokenizer.from_pretrained(folder, trust_remote_code=False, local_files_only=True)
 
 
 # --- Hugging Face folders and hub ids -------------------------------------------------------------------------
@@ -132,15 +183,16 @@ def _offline() -> bool:
     return constants.HF_HUB_OFFLINE or any(f.upper() in {"1", "ON", "YES", "TRUE"} for f in flags)
 
 
-def _cached_snapshot(repo: str) -> Path | None:
-    """The hub repository's snapshot in the local Hugging Face cache, if it holds safetensors weights."""
+def _cached_snapshot(repo: str, weights: bool = True) -> Path | None:
+    """The hub repository's snapshot in the local Hugging Face cache, if it holds safetensors weights (with
+    ``weights=False``: if it holds its ``config.json``)."""
     from huggingface_hub import snapshot_download
 
     try:
         folder = Path(snapshot_download(repo, allow_patterns=_HUB_FILES, local_files_only=True))
     except Exception:  # not cached (LocalEntryNotFoundError and friends)
         return None
-    return folder if any(folder.glob("*.safetensors")) else None
+    return folder if (any(folder.glob("*.safetensors")) if weights else (folder / "config.json").is_file()) else None
 
 
 def _hub_info(repo: str):
@@ -162,17 +214,19 @@ def _hub_info(repo: str):
                                f"within {HUB_TIMEOUT_S} s ({type(err).__name__}: {err}){todo}") from None
 
 
-def _hub_folder(repo: str) -> Path:
-    """A local snapshot of a hub repository (json, text and safetensors files only), downloaded if not cached."""
+def _hub_folder(repo: str, weights: bool = True) -> Path:
+    """A local snapshot of a hub repository (json, text and safetensors files only; without the safetensors when
+    ``weights`` is False), downloaded if not cached."""
     from huggingface_hub import snapshot_download
 
-    folder = _cached_snapshot(repo)
+    folder = _cached_snapshot(repo, weights)
     if folder is not None:
         return folder
     info = _hub_info(repo)
     if not any(s.rfilename.endswith(".safetensors") for s in info.siblings or []):
         raise ValueError(f"{repo} has no safetensors weights on the hub; pickled weights (.bin) are refused")
-    return Path(snapshot_download(repo, revision=info.sha, allow_patterns=_HUB_FILES, etag_timeout=HUB_TIMEOUT_S))
+    return Path(snapshot_download(repo, revision=info.sha, allow_patterns=_HUB_FILES if weights else _HUB_CONFIG_FILES,
+                                  etag_timeout=HUB_TIMEOUT_S))
 
 
 def choose_auto() -> tuple[str, str]:
@@ -217,14 +271,20 @@ def _from_folder(folder: Path, dtype: torch.dtype):
     return model, tokenizer, weights
 
 
-def _load_hf(name: str, dtype: torch.dtype):
+def _hf_folder(name: str, weights: bool = True) -> tuple[Path, str]:
+    """The folder of a local model or hub snapshot (see :func:`_hub_folder`), and its source for the provenance.
+    A local folder without safetensors weights is refused."""
     path = Path(name).expanduser()
     if name not in HUB_MODELS and path.is_dir():
-        folder, source = path, str(path.resolve())
-    else:
-        repo = HUB_MODELS.get(name, name)
-        folder = _hub_folder(repo)
-        source = f"{repo}@{folder.name}"  # a hub snapshot folder is named by its commit
+        _safetensors(path)
+        return path, str(path.resolve())
+    repo = HUB_MODELS.get(name, name)
+    folder = _hub_folder(repo, weights)
+    return folder, f"{repo}@{folder.name}"  # a hub snapshot folder is named by its commit
+
+
+def _load_hf(name: str, dtype: torch.dtype):
+    folder, source = _hf_folder(name)
     model, tokenizer, weights = _from_folder(folder, dtype)
     return model, tokenizer, {"model": name, "model_source": source, "pretrained": True,
                               "weights_sha256": _weights_sha256(weights), "tokenizer": source}
@@ -281,6 +341,45 @@ def smollm2_gguf() -> Path:
     return folder / SMOLLM2_GGUF
 
 
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+
+
+def _gguf_value(f, kind: int):
+    """One metadata value of the GGUF format (little-endian), read from the file object ``f``."""
+    if kind == _GGUF_STRING:
+        (n,) = struct.unpack("<Q", f.read(8))
+        return f.read(n).decode("utf-8", "replace")
+    if kind == _GGUF_ARRAY:
+        item, n = struct.unpack("<IQ", f.read(12))
+        return [_gguf_value(f, item) for _ in range(n)]
+    fmt = "<" + _GGUF_SCALARS[kind]
+    return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
+
+
+def _gguf_context(gguf: Path) -> int:
+    """``<architecture>.context_length`` from a GGUF file's metadata, read up to that key (the weights and the
+    vocabulary that follow it are not read)."""
+    with open(gguf, "rb") as f:
+        magic, _, _, n_kv = struct.unpack("<4sIQQ", f.read(24))
+        if magic != b"GGUF":
+            raise ValueError(f"{gguf} is not a GGUF file")
+        meta = {}
+        for _ in range(n_kv):
+            key = _gguf_value(f, _GGUF_STRING)
+            meta[key] = _gguf_value(f, *struct.unpack("<I", f.read(4)))
+            if f"{meta.get('general.architecture')}.context_length" in meta:
+                return int(meta[f"{meta['general.architecture']}.context_length"])
+    raise ValueError(f"{gguf} states no context length")
+
+
+def _gguf_tokenizer(gguf: Path):
+    """The tokenizer of a GGUF file, built from its metadata only (AutoTokenizer would also parse every tensor)."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(gguf_file=gguf.name, name_or_path=str(gguf.parent))
+
+
 def _complete(folder: Path) -> bool:
     """Whether a converted-model folder was finished (its marker lists every file with its size)."""
     try:
@@ -296,7 +395,7 @@ def _convert_gguf(gguf: Path, sha: str, folder: Path) -> None:
     if missing:
         raise ModelUnavailable(f"loading smollm2-135m from GGUF needs {' and '.join(missing)}: "
                                f"pip install {' '.join(missing)}")
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM
 
     kwargs = {"gguf_file": gguf.name}
     quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
@@ -308,7 +407,7 @@ def _convert_gguf(gguf: Path, sha: str, folder: Path) -> None:
     try:
         tmp.chmod(0o755)
         model.save_pretrained(tmp)
-        AutoTokenizer.from_pretrained(gguf.parent, **kwargs).save_pretrained(tmp)
+        _gguf_tokenizer(gguf).save_pretrained(tmp)
         files = {p.name: p.stat().st_size for p in tmp.iterdir()}
         (tmp / "COMPLETE.json").write_text(json.dumps({"gguf": gguf.name, "gguf_sha256": sha, "files": files}))
         shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,123 @@
+"""The reproducibility chapter: the claims ledger of a build, its provenance records, and its run times beside
+the paper's Table 1. Everything here reads the run records that the other chapters wrote
+(:mod:`attn_utils.book.runlog`); nothing is measured."""
+from __future__ import annotations
+
+import html
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from attn_utils.book import claims, figures, runlog
+
+PAPER_MODEL = "gpt2"
+# The paper's Table 1 (Appendix B): minutes on an Apple M1 Pro, and whether the run was parallel. Our distance
+# chapter computes Figure 2a and 2b from shared per-row values, so Algorithms 1 and 2 are one row.
+PAPER_TABLE_1 = {"Algorithms 1-2": (24 + 37, "no"), "Algorithm 3": (17 * 60 + 4, "yes"),
+                 "Algorithm 4": (7, "no"), "Algorithm 5": (1, "no")}
+
+
+def ledger() -> pd.DataFrame:
+    """The build's claims; a ``RuntimeError`` if no chapter recorded any (this chapter runs after the others)."""
+    rows = claims.load()
+    if rows.empty:
+        raise RuntimeError("no claims were recorded: execute the chapters before this one "
+                           "(attn-companion book does it in order)")
+    return rows
+
+
+def summary(rows: pd.DataFrame) -> dict:
+    """Counts per verdict (``n_<verdict>``), the number of rows, and the pretrained models measured."""
+    counts = rows.verdict.value_counts()
+    models = sorted(set(rows.model) - {"synthetic"})
+    return {"n_claims": len(rows), **{f"n_{v.replace(' ', '_')}": int(counts.get(v, 0)) for v in claims.VERDICTS},
+            "ledger_models": ", ".join(models) if models else "no pretrained model",
+            "ledger_model_is_paper": "the same model as the paper" if models == [PAPER_MODEL] else
+            "not the paper's GPT-2 small, so every empirical verdict is about a different pretrained model"}
+
+
+def table(rows: pd.DataFrame):
+    """The ledger for reading: one coloured verdict per row, the rule that decided it beside the values."""
+    shown = rows[["verdict", "chapter", "claim", "paper", "ours", "rule", "model"]]
+    return shown.style.hide(axis="index").map(
+        lambda v: f"background-color: {figures.VERDICT_COLOURS.get(v, '')}", subset=["verdict"])
+
+
+def verdict_figure(rows: pd.DataFrame) -> plt.Figure:
+    """Stacked bars: how many rows of each chapter got each verdict."""
+    order = [v for v in claims.VERDICTS if v in set(rows.verdict)]
+    counts = rows.groupby(["chapter", "verdict"]).size().unstack(fill_value=0).reindex(columns=order)
+    fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(counts) + 1.6))
+    counts.plot.barh(stacked=True, ax=ax, width=0.75, edgecolor="black", linewidth=0.5,
+                     color=[figures.VERDICT_COLOURS[v] for v in order])
+    ax.invert_yaxis()
+    ax.set(xlabel="rows of the ledger", ylabel="")
+    ax.legend(title="verdict", loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+    models = sorted(set(rows.model) - {"synthetic"})
+    figures.model_title(fig, "Verdicts per chapter", ", ".join(models) or "synthetic only")
+    return fig
+
+
+def provenance() -> pd.DataFrame:
+    """One row per chapter that measured a model: model and weights hash, corpus and its hash, window, seed."""
+    return pd.DataFrame([{
+        "notebook": r["notebook"], "model": r["model"], "requested": r["requested"],
+        "weights sha256": r["weights_sha256"][:16], "corpus": r["corpus"], "corpus sha256": r["corpus_sha256"][:16],
+        "L": r["L"], "offsets": ", ".join(map(str, r["window_offsets"])), "seed": r["seed"], "device": r["device"],
+        "wall time (s)": round(r["wall_time_s"] or 0.0, 1),
+    } for r in runlog.read("provenance")])
+
+
+def environment() -> dict:
+    """The package versions and the lock file of the build, from its first provenance record."""
+    records = runlog.read("provenance")
+    if not records:
+        return {"versions": "not recorded", "lock": "not recorded"}
+    first = records[0]
+    lock = first.get("lock") or {}
+    return {"versions": ", ".join(f"{k} {v}" for k, v in first["versions"].items()),
+            "lock": (f"{lock['file']} (sha256 {lock['sha256'][:16]}...), "
+                     + ("every pin installed" if not lock["differ"] else f"{len(lock['differ'])} pins differ"))
+            if lock.get("sha256") else "no lock file"}
+
+
+def table1() -> pd.DataFrame:
+    """The paper's Table 1 beside the wall time this build spent in each algorithm (checks included)."""
+    timings = pd.DataFrame(runlog.read("timings"), columns=["algorithm", "notebook", "seconds"])
+    timings["algorithm"] = timings.algorithm.replace({"Algorithm 1": "Algorithms 1-2", "Algorithm 2": "Algorithms 1-2"})
+    ours = timings.groupby("algorithm").seconds.sum()
+    return pd.DataFrame([{
+        "algorithm": name, "paper (min)": minutes, "paper parallel": parallel,
+        "ours (s)": round(float(ours[name]), 1) if name in ours else "not run",
+        "speed-up": f"{minutes * 60 / float(ours[name]):,.0f}x" if ours.get(name, 0) > 0 else "n/a",
+    } for name, (minutes, parallel) in PAPER_TABLE_1.items()])
+
+
+def notebook_times() -> pd.DataFrame:
+    """Wall time of each notebook of the build (empty when this notebook was run on its own)."""
+    times = pd.DataFrame(runlog.read("notebooks"), columns=["notebook", "seconds"])
+    times["seconds"] = times.seconds.round(1)
+    return times
+
+
+def totals(table_1: pd.DataFrame, times: pd.DataFrame) -> dict:
+    """The paper's total hours, ours in seconds, and the whole build's minutes, for the prose."""
+    ours = pd.to_numeric(table_1["ours (s)"], errors="coerce").sum()
+    return {"paper_total_h": sum(m for m, _ in PAPER_TABLE_1.values()) / 60, "ours_total_s": round(float(ours)),
+            "book_total_min": times.seconds.sum() / 60 if not times.empty else
+            "not recorded (this notebook was run on its own)"}
+
+
+def glance(rows: pd.DataFrame, link_prefix: str = "../notebooks/") -> str:
+    """The book's first page: an HTML table with one row per headline claim of the paper (what the paper says,
+    what this build measured, the verdict as a coloured badge, a link to the chapter), in chapter order."""
+    headline = [key for key, spec in claims.specs().items() if spec.headline]
+    shown = rows[rows.key.isin(headline)].sort_values(["chapter", "key"])
+    head = "".join(f"<th>{h}</th>" for h in ("claim of the paper", "the paper", "this build", "verdict", "chapter"))
+    body = []
+    for r in shown.itertuples():
+        badge = f'<span class="verdict verdict-{r.verdict.replace(" ", "-")}">{html.escape(r.verdict)}</span>'
+        link = f'<a href="{link_prefix}{r.chapter}.html">{html.escape(r.chapter.split("_", 1)[1])}</a>'
+        cells = [html.escape(r.claim), html.escape(r.paper), html.escape(r.ours), badge, link]
+        body.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    return (f'<table class="glance"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>')

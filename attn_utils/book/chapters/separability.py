@@ -1,0 +1,403 @@
+"""Chapter 3, geometric separability: the machinery behind ``notebooks/ch3_separability``.
+
+The objects (paper, Section 4 and Algorithm 4). One query row has weights alpha_1..alpha_L over vectors
+x_1..x_L on the sphere of radius M (Assumption 1), pairwise at least delta apart (Assumption 2); I_N is the
+top-N set, s = sum_{i in I_N} alpha_i x_i the context vector, X_i = ||s - alpha_i x_i|| for i in I_N, and
+r = min_{j not in I_N} ||s - alpha_j x_j|| the radius of the selective ball. The separability fraction of
+Definition (10) is N_s / N with N_s = #{i in I_N : X_i < r} (open ball, our convention). Theorem 2, Eq. (11),
+in our reconstruction: xi_i^2 = M^2 S_1^2 - (delta^2 / 2)(S_1^2 - S_2) bounds X_i (proven), the lower bound
+1 - sum_i xi_i / (N r) holds on every row (proven), the "upper bound" (1/N) sum_i exp(-(xi_i - r)_+^2 / (2 M^2))
+does not (see ``theory.theorem2_upper_counterexample``). The formulas live in ``attn_utils.mathematics``; this
+module runs them over the chapter's synthetic instances and the model's heads, and draws the figures.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+import torch
+from matplotlib.patches import Patch
+
+from attn_utils.book import figures
+from attn_utils.book.formatting import fmt
+from attn_utils.mathematics import metrics, normalizers, theory
+
+F64 = torch.float64
+TOL = 1e-12            # slack allowed to rounding when a proven inequality is checked in float64
+MODEL_TOL = 1e-9       # the same on model rows (float32 weights renormalized in float64)
+SYN_D, SYN_ROWS = 64, 4  # dimension of the synthetic embeddings; query rows per synthetic instance
+ROW_STRIDE = 8         # every ROW_STRIDE-th query row of the model is checked row by row
+PLATEAU_TOL = 0.05     # a plateau: the median changes by at most this much over all later N of the grid
+PAPER_STOP, PAPER_RANGE = 16, (0.70, 0.85)  # Fig. 3: the decline stops near N = 16, the plateau is 70-85 %
+
+
+def _colors() -> dict[str, tuple]:
+    palette = sns.color_palette(figures.PALETTE)
+    return {"green": palette[2], "red": palette[3], "blue": palette[0]}
+
+
+# --- Figure 1: the definition in two dimensions --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Figure1:
+    """A 2-D instance of the definition: points ``x`` on the circle of radius ``M``, ``weights`` (L,),
+    the top-N mask ``selected``, the rescaled points ``scaled`` = alpha_i x_i, the context vector ``s``,
+    the radius ``r``, the selected points strictly inside B_r(s) (``inside``), the nearest non-selected
+    point (``nearest``, the one on the ball's boundary), N_s/N (``ratio``) and the logit scale ``sigma``."""
+
+    x: np.ndarray
+    weights: np.ndarray
+    selected: np.ndarray
+    scaled: np.ndarray
+    s: np.ndarray
+    r: float
+    inside: np.ndarray
+    nearest: int
+    ratio: float
+    M: float
+    sigma: float
+
+    @property
+    def N(self) -> int:
+        return int(self.selected.sum())
+
+    @property
+    def L(self) -> int:
+        return len(self.weights)
+
+
+def figure1_instance(seed: int = 0, L: int = 12, N: int = 4, sigma: float = 1.5, M: float = 1.0) -> Figure1:
+    """``L`` points at uniform random angles on the circle of radius ``M`` (Assumption 1, d = 2) and one row of
+    softmax weights of N(0, sigma^2) logits, drawn from ``torch.Generator().manual_seed(seed)``; top ``N``."""
+    gen = torch.Generator().manual_seed(seed)
+    angle = 2 * torch.pi * torch.rand(L, generator=gen, dtype=F64)
+    x = M * torch.stack([angle.cos(), angle.sin()], dim=-1)
+    w = torch.softmax(sigma * torch.randn(1, L, generator=gen, dtype=F64), dim=-1)
+    sel, _ = metrics.top_n_mask(w, N)
+    ratio, r = metrics.separability(w, x, N, M=M)
+    s = metrics.context_vector(w, x, sel)[0]
+    scaled = w[0, :, None] * x
+    dist = torch.linalg.vector_norm(scaled - s, dim=-1)
+    sel, r = sel[0], float(r[0])
+    nearest = int(torch.where(~sel, dist, torch.inf).argmin())
+    return Figure1(x.numpy(), w[0].numpy(), sel.numpy(), scaled.numpy(), s.numpy(), r, (sel & (dist < r)).numpy(),
+                   nearest, float(ratio[0]), M, sigma)
+
+
+def draw_figure1(fig1: Figure1) -> plt.Figure:
+    """The paper's Figure 1 from ``fig1``: (a) the points, (b) their rescaling, (c) the selective ball."""
+    c = _colors()
+    fig, axes = plt.subplots(1, 3, figsize=(12.5, 4.6))
+    circle = np.linspace(0, 2 * np.pi, 300)
+    sel, sc, M = fig1.selected, fig1.scaled, fig1.M
+    kw_sel, kw_rest = dict(c="m", marker="*", s=170, zorder=3), dict(c="k", s=18, zorder=3)
+    ax = axes[0]
+    ax.plot(M * np.cos(circle), M * np.sin(circle), color="0.7", lw=1)
+    ax.scatter(*fig1.x[~sel].T, label="non-selected", **kw_rest)
+    ax.scatter(*fig1.x[sel].T, label=f"top-{fig1.N} (selected)", **kw_sel)
+    ax.set_title(r"(a) embeddings $x_i$ on the circle $\|x\|=M$")
+    ax = axes[1]
+    ax.plot(M * np.cos(circle), M * np.sin(circle), color="0.88", lw=1)
+    for i in range(fig1.L):
+        ax.annotate("", xy=sc[i], xytext=fig1.x[i], arrowprops=dict(arrowstyle="->", color="0.65", lw=0.7))
+    ax.scatter(*sc[~sel].T, **kw_rest)
+    ax.scatter(*sc[sel].T, **kw_sel)
+    ax.set_title(r"(b) rescaled points $\alpha_i x_i$ move to the origin")
+    ax = axes[2]
+    ax.add_patch(plt.Circle(fig1.s, fig1.r, facecolor=c["green"], alpha=0.18, edgecolor=c["green"], ls="--"))
+    ax.plot(*np.stack([fig1.s, sc[fig1.nearest]]).T, color=c["green"], lw=1)
+    ax.annotate("$r$", (fig1.s + sc[fig1.nearest]) / 2, textcoords="offset points", xytext=(4, 4), color=c["green"])
+    ax.scatter(*sc[~sel].T, label="non-selected", **kw_rest)
+    ax.scatter(*sc[fig1.inside].T, label="selected, distinguishable", **kw_sel)
+    ax.scatter(*sc[sel & ~fig1.inside].T, facecolors="none", edgecolors="m", marker="*", s=170, zorder=3,
+               label="selected, outside the ball")
+    ax.scatter(*fig1.s, color=c["blue"], marker="X", s=90, zorder=4, label="context vector $s$")
+    pts = np.vstack([sc, fig1.s[None]])
+    centre, half = (pts.max(0) + pts.min(0)) / 2, max(np.ptp(pts, axis=0).max() / 2, fig1.r) * 1.15
+    ax.set_xlim(centre[0] - half, centre[0] + half)
+    ax.set_ylim(centre[1] - half, centre[1] + half)
+    ax.set_title(r"(c) zoom: the selective ball $B_r(s)$")
+    for ax in axes:
+        ax.set_aspect("equal")
+    handles = [h for ax in (axes[0], axes[2]) for h in ax.get_legend_handles_labels()[0]]
+    labels = [t for ax in (axes[0], axes[2]) for t in ax.get_legend_handles_labels()[1]]
+    keep = [labels.index(t) for t in dict.fromkeys(labels)]
+    fig.legend([handles[k] for k in keep], [labels[k] for k in keep], loc="lower center", ncol=5, frameon=False,
+               bbox_to_anchor=(0.5, -0.06))
+    figures.model_title(fig, "Figure 1 redrawn: geometric separation in two dimensions", "synthetic data, no model")
+    return fig
+
+
+# --- Theorem 2: the counterexample to the "upper bound" -------------------------------------------------
+
+
+def selected_distances(weights: torch.Tensor, x: torch.Tensor, selected: torch.Tensor,
+                       N: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(X, idx)``: X_i = ||s - alpha_i x_i|| for the N selected keys of every row, shape (..., R, N), and the
+    keys' indices ``idx``; ``weights`` (..., R, L), ``x`` (..., L, d), ``selected`` the top-N mask."""
+    s = metrics.context_vector(weights, x, selected)                                   # (..., R, d)
+    idx = torch.topk(torch.where(selected, weights, -1.0), N, dim=-1).indices           # (..., R, N)
+    rows = weights.shape[-2]
+    x_top = torch.gather(x.unsqueeze(-3).expand(*x.shape[:-2], rows, *x.shape[-2:]), -2,
+                         idx.unsqueeze(-1).expand(*idx.shape, x.shape[-1]))
+    scaled = torch.gather(weights, -1, idx).unsqueeze(-1) * x_top
+    return torch.linalg.vector_norm(scaled - s.unsqueeze(-2), dim=-1), idx
+
+
+def counterexample(tol: float = TOL) -> dict:
+    """The row of ``theory.theorem2_upper_counterexample`` measured: N, L, d, M, delta, r, the largest X_i, the
+    smallest xi_i, the measured N_s / N, both bounds of Theorem 2, and whether the "upper bound" ``fails``
+    (N_s / N > upper + ``tol``). Raises if a proven fact (lower bound, X_i <= xi_i) fails on it."""
+    cx = theory.theorem2_upper_counterexample()
+    sel, _ = metrics.top_n_mask(cx.weights, cx.N)
+    ratio, r = metrics.separability(cx.weights, cx.x, cx.N, M=cx.M)
+    bounds = theory.theorem2_bounds(cx.weights, sel, r, cx.M, cx.delta)
+    xi = theory.theorem2_xi(cx.weights, sel, cx.M, cx.delta)[sel]
+    X = torch.linalg.vector_norm(cx.weights[0, :, None] * cx.x - metrics.context_vector(cx.weights, cx.x, sel)[0],
+                                 dim=-1)[sel[0]]
+    row = {"N": cx.N, "L": cx.x.shape[0], "d": cx.x.shape[1], "M": cx.M, "delta": cx.delta, "r": float(r[0]),
+           "max_X": float(X.max()), "min_xi": float(xi.min()), "ratio": float(ratio[0]),
+           "upper": float(bounds.upper[0]), "lower": float(bounds.lower[0])}
+    if not (row["ratio"] >= row["lower"] - tol and bool((X <= xi + tol).all())):
+        raise AssertionError(f"a proven fact of Theorem 2 fails on the counterexample: {row}")
+    return {**row, "fails": row["ratio"] > row["upper"] + tol}
+
+
+# --- Theorem 2 on random spheres ----------------------------------------------------------------------
+
+
+def sphere_min_distance(x: torch.Tensor, M: float, chunk: int = 8) -> torch.Tensor:
+    """delta of every instance (n, L, d) whose points lie on the sphere of radius M, from the Gram matrix:
+    ||x_i - x_j||^2 = 2 M^2 - 2 <x_i, x_j>, so delta^2 = 2 M^2 - 2 max_{i != j} <x_i, x_j>."""
+    out = []
+    for a in range(0, x.shape[0], chunk):
+        gram = x[a:a + chunk] @ x[a:a + chunk].mT
+        gram.diagonal(dim1=-2, dim2=-1).fill_(-torch.inf)
+        out.append((2 * M * M - 2 * gram.amax((-2, -1))).clamp_min(0).sqrt())
+    return torch.cat(out)
+
+
+def synthetic_rows(L: int, Ns: Sequence[int], sigmas: Sequence[float], n_trials: int, M: float = 1.0,
+                   seed: int = 0, d: int = SYN_D, n_rows: int = SYN_ROWS, tol: float = TOL) -> pd.DataFrame:
+    """Theorem 2 on the paper's idealized model, one row of the table per (sigma, trial, N, query row).
+
+    Per sigma (drawn in this order from ``torch.Generator().manual_seed(seed)``): ``n_trials`` instances of
+    L points uniform on the sphere of radius M in R^d (Assumption 1; delta = the instance's minimum distance,
+    Assumption 2) and ``n_rows`` softmax rows of N(0, sigma^2) logits, in float64. Columns: ``ratio`` = N_s/N,
+    ``lower``/``upper`` (Eq. (11), ours), ``xi_gap`` = max_i (X_i - xi_i) (<= 0 by the spread lemma),
+    ``delta`` and the violation flags of both bounds (beyond ``tol``).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    frames = []
+    for sigma in sigmas:
+        x = metrics.project_to_sphere(torch.randn(n_trials, L, d, generator=gen, dtype=F64), M)
+        w = torch.softmax(sigma * torch.randn(n_trials, n_rows, L, generator=gen, dtype=F64), dim=-1)
+        delta = sphere_min_distance(x, M)
+        for N in Ns:
+            sel, _ = metrics.top_n_mask(w, N)
+            ratio, r = metrics.separability(w, x, N, M=M)
+            X, idx = selected_distances(w, x, sel, N)
+            bounds = theory.theorem2_bounds(w, sel, r, M, delta[:, None])
+            xi = torch.gather(theory.theorem2_xi(w, sel, M, delta[:, None]), -1, idx)
+            frames.append(pd.DataFrame({
+                "sigma": sigma, "trial": np.repeat(np.arange(n_trials), n_rows), "row": np.tile(np.arange(n_rows),
+                n_trials), "N": N, "ratio": ratio.flatten().numpy(), "lower": bounds.lower.flatten().numpy(),
+                "upper": bounds.upper.flatten().numpy(), "xi_gap": (X - xi).amax(-1).flatten().numpy(),
+                "delta": np.repeat(delta.numpy(), n_rows)}))
+    syn = pd.concat(frames, ignore_index=True).sort_values(["sigma", "trial", "N", "row"], kind="stable",
+                                                           ignore_index=True)
+    syn["lower_violated"] = syn.ratio < syn.lower - tol
+    syn["upper_violated"] = syn.ratio > syn.upper + tol
+    return syn
+
+
+def synthetic_table(syn: pd.DataFrame) -> pd.DataFrame:
+    """Per (sigma, N): mean fraction and bounds, violation counts, largest X_i - xi_i."""
+    return syn.groupby(["sigma", "N"]).agg(
+        ratio=("ratio", "mean"), lower=("lower", "mean"), upper=("upper", "mean"),
+        lower_violations=("lower_violated", "sum"), upper_violations=("upper_violated", "sum"),
+        max_xi_gap=("xi_gap", "max"))
+
+
+def synthetic_summary(syn: pd.DataFrame, tol: float = TOL) -> dict:
+    """The numbers of the synthetic section: counts of violations (xi, lower, upper), the worst excess over the
+    "upper bound" and where it occurs, the share of rows with N > 1 whose lower bound is negative, the range of
+    delta, and the mean fraction over sigma and rows at the second and the last N (``falls``: whether it
+    decreases at every step of the grid)."""
+    worst = syn.loc[(syn.ratio - syn.upper).idxmax()]
+    mean_by_n = syn.groupby("N").ratio.mean()
+    first = min(1, len(mean_by_n) - 1)
+    falls = bool(np.all(np.diff(mean_by_n.to_numpy()) <= 0)) if len(mean_by_n) > 1 else False
+    n_upper = int(syn.upper_violated.sum())
+    return {"rows": len(syn), "xi_violations": int((syn.xi_gap > tol).sum()), "max_xi_gap": float(syn.xi_gap.max()),
+            "lower_violations": int(syn.lower_violated.sum()), "upper_violations": n_upper,
+            "upper_share": n_upper / len(syn), "upper_excess": float((syn.ratio - syn.upper).max()),
+            "worst_N": int(worst.N), "worst_sigma": float(worst.sigma), "worst_ratio": float(worst.ratio),
+            "worst_upper": float(worst.upper), "vacuous": float((syn.lower[syn.N > 1] < 0).mean()),
+            "delta_min": float(syn.delta.min()), "delta_max": float(syn.delta.max()),
+            "N_first": int(mean_by_n.index[first]), "ratio_first": float(mean_by_n.iloc[first]),
+            "N_last": int(mean_by_n.index[-1]), "ratio_last": float(mean_by_n.iloc[-1]), "falls": falls}
+
+
+def draw_synthetic(syn: pd.DataFrame, L: int) -> plt.Figure:
+    """Mean over rows of N_s/N and of both bounds against N, one line per sigma: (a) the fraction and the
+    "upper bound", (b) the proven lower bound."""
+    names = {"ratio": "measured $N_s/N$", "upper": "'upper bound' (heuristic)", "lower": "lower bound (proven)"}
+    long = syn.melt(id_vars=["sigma", "N"], value_vars=list(names), var_name="quantity")
+    long["quantity"] = long.quantity.map(names)
+    long["sigma"] = long.sigma.map(lambda v: f"{v:g}")
+    Ns = sorted(syn.N.unique())
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.3))
+    for ax, parts in zip(axes, ([names["ratio"], names["upper"]], [names["lower"]])):
+        sns.lineplot(data=long[long.quantity.isin(parts)], x="N", y="value", hue="sigma", style="quantity",
+                     markers=True, errorbar=None, ax=ax, palette=figures.PALETTE)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(Ns, [str(n) for n in Ns])
+        ax.set_xlabel("top-N size $N$")
+        ax.set_ylabel("mean over rows")
+        ax.legend(fontsize="small", title=r"$\sigma$ / quantity", title_fontsize="small")
+    axes[0].set_title("(a) separability fraction and the exponential 'upper bound'")
+    axes[1].axhline(0, color="0.3", lw=1)
+    axes[1].set_title("(b) the proven lower bound (below 0: vacuous)")
+    figures.model_title(fig, f"Theorem 2 on random spheres (d = {SYN_D}, L = {L}, logits N(0, sigma^2))",
+                        "synthetic data, no model")
+    return fig
+
+
+# --- the model: Figure 3 and the bounds row by row -------------------------------------------------------
+
+
+def head_deltas(sep: pd.DataFrame) -> pd.Series:
+    """delta of every (layer, head) from a table of ``algorithms.separability_vs_n``."""
+    return sep[sep.N == sep.N.min()].set_index(["layer", "head"])["delta"]
+
+
+def model_rowwise(weights: torch.Tensor, x: torch.Tensor, deltas: pd.Series, Ns: Sequence[int], M: float = 1.0,
+                  stride: int = ROW_STRIDE, tol: float = MODEL_TOL) -> pd.DataFrame:
+    """Theorem 2 row by row on a causal model, one table row per (layer, head, N, checked query row).
+
+    ``weights`` (layers, heads, L, L) and ``x`` (layers, heads, L, d) as captured; every ``stride``-th query
+    row (t = stride - 1, 2 stride - 1, ...), renormalized in float64, with the head's delta (``deltas``, see
+    :func:`head_deltas`). Rows that see no more than N keys, or have r = 0, are left out. Columns: layer, head,
+    N, ``ratio``, ``lower``, ``upper`` and the violation flags (beyond ``tol``).
+    """
+    n_layers, n_heads, L = weights.shape[0], weights.shape[1], weights.shape[-1]
+    rows = torch.arange(stride - 1, L, stride)
+    mask_rows = normalizers.causal_mask(L)[rows]
+    checks = []
+    for layer in range(n_layers):
+        w = weights[layer][:, rows, :].to(F64)
+        w = w / w.sum(-1, keepdim=True)
+        per_n = []
+        for N in Ns:
+            sel, valid = metrics.top_n_mask(w, N, mask=mask_rows)
+            ratio, r = metrics.separability(w, x[layer].to(F64), N, mask=mask_rows, M=M)
+            ok = valid & (r > 0)
+            per_n.append((sel, ratio, ok, torch.where(ok, torch.nan_to_num(r, nan=1.0), 1.0)))
+        sel_all = torch.stack([p[0] for p in per_n], 1)                            # (heads, N grid, rows, L)
+        r_all = torch.stack([p[3] for p in per_n], 1)
+        for h in range(n_heads):
+            b = theory.theorem2_bounds(w[h].expand(len(Ns), -1, -1), sel_all[h], r_all[h], M,
+                                       float(deltas[(layer, h)]))
+            for a, N in enumerate(Ns):
+                ok = per_n[a][2][h]
+                checks.append(pd.DataFrame({"layer": layer, "head": h, "N": N, "ratio": per_n[a][1][h][ok].numpy(),
+                                            "lower": b.lower[a][ok].numpy(), "upper": b.upper[a][ok].numpy()}))
+    out = pd.concat(checks, ignore_index=True)
+    out["lower_violated"] = out.ratio < out.lower - tol
+    out["upper_violated"] = out.ratio > out.upper + tol
+    return out
+
+
+def rowwise_summary(rowwise: pd.DataFrame) -> dict:
+    """Rows checked, violations of both bounds, and the share of rows with N > 1 whose lower bound is < 0."""
+    n = len(rowwise)
+    upper = int(rowwise.upper_violated.sum())
+    return {"rows": n, "lower_violations": int(rowwise.lower_violated.sum()), "upper_violations": upper,
+            "upper_share": upper / max(n, 1), "vacuous": float((rowwise.lower[rowwise.N > 1] < 0).mean())}
+
+
+def per_n_stats(sep: pd.DataFrame) -> pd.DataFrame:
+    """Per N, over the heads: median and max of the per-head mean N_s/N, means of both bounds."""
+    return sep.groupby("N").agg(median=("separability", "median"), max=("separability", "max"),
+                                mean_upper=("upper", "mean"), mean_lower=("lower", "mean"))
+
+
+def figure3_summary(sep: pd.DataFrame) -> dict:
+    """The quantities the claims of Figure 3 are judged on, from a table of ``algorithms.separability_vs_n``.
+
+    ``stop``: the smallest N > 1 of the grid after which the median over heads varies by at most PLATEAU_TOL
+    (0 if none); ``drop``: how much the median fell from the first N to ``stop`` (NaN if none);
+    ``plateau_median``: the median of the per-head fractions at N >= stop (else at the last N); ``track_gap``:
+    max over N > 1 of |mean "upper bound" - max over heads|; ``late_max``/``late_share``: the largest per-head
+    fraction at N >= min(16, last N) and the share of those values above 0.85; ``delta_median``, and the heads
+    (``zero_heads``, ``zero_layers``) whose delta is below 1e-6 (two coinciding vectors).
+    """
+    stats = per_n_stats(sep)
+    medians, grid = stats["median"], [int(n) for n in stats.index]
+    stop = next((N for k, N in enumerate(grid[:-1]) if N > 1
+                 and medians.iloc[k:].max() - medians.iloc[k:].min() <= PLATEAU_TOL), 0)
+    plateau = sep.loc[sep.N >= (stop or grid[-1]), "separability"]
+    tracked = stats[stats.index > 1]
+    late_N = min(PAPER_STOP, grid[-1])
+    late = sep.loc[sep.N >= late_N, "separability"]
+    first = sep[sep.N == grid[0]]
+    zero = first[first.delta < 1e-6]
+    return {"grid": grid, "medians": [float(m) for m in medians], "stop": stop,
+            "drop": float(medians.iloc[0] - medians.loc[stop]) if stop else float("nan"),
+            "plateau_from": stop or grid[-1], "plateau_median": float(plateau.median()),
+            "track_gap": float((tracked.mean_upper - tracked["max"]).abs().max()) if len(tracked) else float("nan"),
+            "upper_min": float(tracked.mean_upper.min()) if len(tracked) else float("nan"),
+            "late_N": late_N, "late_max": float(late.max()), "late_share": float((late > PAPER_RANGE[1]).mean()),
+            "delta_median": float(first.delta.median()), "zero_heads": len(zero),
+            "zero_layers": sorted(int(v) for v in zero.layer.unique())}
+
+
+def figure3_prose(summary: dict) -> dict[str, str]:
+    """The sentences of the comparison with Figure 3 that depend on the outcome."""
+    s = summary
+    stop_text = (f"the median changes by at most {PLATEAU_TOL:g} from N = {s['stop']} on" if s["stop"]
+                 else f"no N of the grid after which the median changes by at most {PLATEAU_TOL:g}")
+    zero_text = (f"in {s['zero_heads']} heads (layer {', '.join(map(str, s['zero_layers']))}) two of the window's "
+                 f"vectors coincide and delta = 0" if s["zero_heads"]
+                 else "no head has two coinciding vectors (delta > 0 everywhere)")
+    medians_text = ", ".join(f"N={N}: {fmt(m, 2)}" for N, m in zip(s["grid"], s["medians"]))
+    return {"stop_text": stop_text, "zero_text": zero_text, "medians_text": medians_text}
+
+
+def draw_figure3(sep: pd.DataFrame, model: str, vectors: str, M: float) -> plt.Figure:
+    """The paper's Figure 3: per N, boxes of the per-head mean N_s/N, the mean of both bounds over heads, the
+    largest head, and the paper's 70-85 % band."""
+    c, stats = _colors(), per_n_stats(sep)
+    fig, ax = plt.subplots(figsize=(10, 5))
+    positions = np.arange(len(stats))
+    ax.axhspan(*PAPER_RANGE, color="0.85", alpha=0.6, zorder=0, label="paper's plateau, 0.70–0.85")
+    sns.boxplot(data=sep, x="N", y="separability", color=c["green"], ax=ax, width=0.55, fliersize=2,
+                boxprops=dict(alpha=0.85))
+    ax.plot(positions, stats.mean_upper, "o-", color=c["red"], label="'upper bound' (heuristic), mean over heads")
+    ax.plot(positions, stats["max"], "v--", color="k", ms=6, lw=1, label="max over heads of $N_s/N$")
+    ax.plot(positions, stats.mean_lower, "s-", color=c["blue"], label="lower bound (proven), mean over heads")
+    ax.axhline(0, color="0.3", lw=0.8)
+    ax.set_xlabel("top-N size $N$")
+    ax.set_ylabel(r"per-head mean of $N_s/N$ over rows")
+    handles, _ = ax.get_legend_handles_labels()
+    handles.insert(1, Patch(facecolor=c["green"], edgecolor="0.3", label="$N_s/N$ per head (boxes)"))
+    ax.legend(handles=handles, loc="lower left", fontsize="small")
+    L = int(sep.L.iloc[0])
+    figures.model_title(fig, f"Geometric separability vs N (Figure 3), L = {L}, {vectors} vectors, M = {M:g}", model)
+    return fig
+
+
+# --- the Discussion's coverage arithmetic -----------------------------------------------------------------
+
+
+def coverage_table(ps: dict[str, float], H_max: int = 10) -> pd.DataFrame:
+    """1 - (1 - p)^H for H = 1..H_max, one column per named p (``theory.multihead_coverage``)."""
+    return pd.DataFrame({"H": range(1, H_max + 1),
+                         **{name: [theory.multihead_coverage(p, H) for H in range(1, H_max + 1)]
+                            for name, p in ps.items()}})

@@ -1,0 +1,67 @@
+"""Numbers for the prose and the tables: one formatting rule for the whole book, and glue for many values at once.
+
+:func:`fmt` writes a number with ``digits`` significant digits, an integer (or a float equal to one) as an
+integer, a very small or very large number as ``2.2 × 10⁻¹⁶``, NaN as ``n/a``, and never ``-0``.
+:func:`glue_values` glues a dict of values into the notebook (myst-nb) as formatted text, so that a chapter
+does the bookkeeping of all its numbers in one hidden cell.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping
+from typing import Any
+
+SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+SCIENTIFIC_BELOW, SCIENTIFIC_FROM = 1e-3, 1e6
+
+
+def _scalar(value: Any) -> Any:
+    """A Python scalar from a numpy or torch scalar (0-d array or tensor); other values unchanged."""
+    item = getattr(value, "item", None)
+    if callable(item) and getattr(value, "ndim", 0) == 0:
+        return item()
+    return value
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+    """``value`` for reading: integers whole, reals to ``digits`` significant digits, scientific notation only
+    below 10⁻³ or from 10⁶, ``n/a`` for NaN, ``yes``/``no`` for booleans; a list is formatted element-wise."""
+    value = _scalar(value)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(fmt(v, digits) for v in value)
+    if isinstance(value, numbers.Integral):
+        return f"{int(value):,}" if abs(int(value)) >= 10_000 else str(int(value))
+    if not isinstance(value, numbers.Real):
+        return str(value)
+    x = float(value)
+    if math.isnan(x):
+        return "n/a"
+    if math.isinf(x):
+        return "∞" if x > 0 else "−∞"
+    if x == 0:
+        return "0"
+    if x.is_integer() and abs(x) < SCIENTIFIC_FROM:
+        return fmt(int(x))
+    if abs(x) < SCIENTIFIC_BELOW or abs(x) >= SCIENTIFIC_FROM:
+        mantissa, exponent = f"{x:.{max(digits - 1, 0)}e}".split("e")
+        mantissa = mantissa.rstrip("0").rstrip(".") if "." in mantissa else mantissa
+        return f"{mantissa} × 10{str(int(exponent)).translate(SUPERSCRIPT)}"
+    text = f"{x:.{digits}g}"
+    if "e" in text:  # %g chose an exponent for a moderate number, e.g. 1.23e+03 at 3 digits
+        text = f"{x:,.0f}"
+    return "0" if text in ("-0", "0") else text
+
+
+def glue_values(values: Mapping[str, Any], digits: int = 3) -> dict[str, str]:
+    """Glue every ``name: value`` as formatted text (``{glue:text}`name``` in the prose); return what was glued."""
+    from myst_nb import glue
+
+    texts = {name: fmt(value, digits) for name, value in values.items()}
+    for name, text in texts.items():
+        glue(name, text, display=False)
+    return texts

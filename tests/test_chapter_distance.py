@@ -1,0 +1,336 @@
+"""Chapter 2's machinery (attn_utils.book.chapters.distance): synthetic instances with known answers, the model
+pipeline on gpt2-random against the library's algorithms and a row-by-row loop, and the ledger's rules against the
+verdict logic the chapter used before they became data."""
+import itertools
+import math
+
+import matplotlib
+import numpy as np
+import pandas as pd
+import pytest
+import reference as ref
+import torch
+from test_metrics import causal_attention
+
+from attn_utils.book import claims
+from attn_utils.book.chapters import distance
+from attn_utils.book.session import Session
+from attn_utils.mathematics import algorithms, metrics, theory
+
+matplotlib.use("Agg")
+F64 = torch.float64
+
+
+def generator(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+# --- synthetic instances ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", distance.FAMILIES)
+def test_each_family_is_what_it_says(family):
+    length, n_top, batch = 9, 3, 5
+    w, x, sel = distance.make_batch(family, length, n_top, batch, generator())
+    assert w.shape == (batch, 1, length) and x.shape == (batch, length, distance.DIM) and sel.shape == w.shape
+    assert torch.allclose(w.sum(-1), torch.ones(batch, 1, dtype=F64)) and (sel.sum(-1) == n_top).all()
+    assert torch.equal(sel, metrics.top_n_mask(w, n_top)[0])
+    if family == "tied weights":
+        assert torch.equal(w, torch.full_like(w, 1 / length)) and sel[:, 0, :n_top].all()  # ties: earlier keys
+    if family == "one dominant weight":
+        assert (w.amax(-1) > 1 - length * math.exp(-distance.HOT + 2 * distance.LOGIT_SCALE * 4)).all()
+    if family == "equal vectors":
+        assert torch.equal(x, x[:, :1].expand_as(x))
+    if family == "antipodal (extremal)":
+        e = torch.zeros(distance.DIM, dtype=F64)
+        e[0] = 1
+        assert torch.equal(x, torch.where(sel[:, 0, :, None], e, -e))
+    again = distance.make_batch(family, length, n_top, batch, generator())
+    assert all(torch.equal(a, b) for a, b in zip((w, x, sel), again))  # the generator decides everything
+
+
+def test_the_antipodal_family_attains_the_bound_in_closed_form():
+    """Exercise 1: d~ = (1 - abar) + abar (L - N) = the bound, in both readings."""
+    for length, n_top in [(5, 1), (16, 4), (33, 32)]:
+        w, x, sel = distance.make_batch("antipodal (extremal)", length, n_top, 7, generator(length))
+        abar = (w * sel).sum(-1)[:, 0]
+        closed = (1 - abar) + abar * (length - n_top)
+        bound = theory.theorem1_fixed_bound(w, x, sel)[:, 0]
+        for reading in metrics.READINGS:
+            d = metrics.cumulative_distance(w, x, sel, reading=reading)[:, 0]
+            torch.testing.assert_close(d, closed, rtol=1e-12, atol=0)
+        torch.testing.assert_close(bound, closed, rtol=1e-12, atol=0)
+
+
+def test_fixed_set_instances_and_their_summary():
+    fixed = distance.fixed_set_instances(200, generator())
+    configs = [(f, n, k) for f in distance.FAMILIES for n in distance.SYNTHETIC_LENGTHS for k in distance.top_sizes(f, n)]
+    assert len(fixed) == len(configs) * math.ceil(200 / len(configs))
+    assert not fixed["violates (sum_of_norms)"].any() and not fixed["violates (norm_of_sum)"].any()
+    assert (fixed["norm_of_sum"] <= fixed["sum_of_norms"] * (1 + 1e-12)).all()
+    extremal = fixed[fixed["family"] == "antipodal (extremal)"]
+    np.testing.assert_allclose(extremal["ratio (sum_of_norms)"], 1.0, rtol=1e-12)
+    assert extremal["violates sqrt form"].any()  # the square-root completion is false
+    # where the last factor is at most 1 its root is at least the factor: the root form is the weaker there
+    summary = distance.fixed_set_summary(fixed)
+    assert summary["instances"].sum() == len(fixed) and list(summary.index) == list(distance.FAMILIES)
+    assert summary.loc["antipodal (extremal)", "violations of the sqrt form"] == extremal["violates sqrt form"].sum()
+    facts = distance.fixed_set_facts(fixed)
+    assert facts["s_fixed_viol_son"] == 0 and facts["s_fixed_tight_extremal"] < 1e-12
+    assert facts["s_fixed_sqrt_extremal_n"] == len(extremal) and facts["s_bad_refused"]
+    assert facts["s_bad_d"] == pytest.approx(0.8) and facts["s_bad_bound"] == pytest.approx(-0.8)
+
+
+def test_closed_forms_are_the_enumerated_expectation():
+    w, x, _ = distance.make_batch("generic", 7, 1, 3, generator(4))
+    first, last = distance.closed_form_expectations(w, x)
+    for b in range(3):
+        assert float(first[b]) == pytest.approx(float(theory.theorem1_random_expectation_exact(w[b, 0], x[b], 1)),
+                                                rel=1e-12)
+        assert float(last[b]) == pytest.approx(float(theory.theorem1_random_expectation_exact(w[b, 0], x[b], 6)),
+                                               rel=1e-12)
+
+
+def test_random_set_checks_find_the_proven_inequality():
+    exact, closed, mc = distance.random_set_checks(8, 64, generator())
+    per_family = 4  # max(4, n_trials // 250)
+    assert len(exact) == per_family * len(distance.EXACT_FAMILIES) * sum(n - 1 for n in distance.EXACT_LENGTHS)
+    assert (exact["residual"] >= -1e-12 * exact["exact"]).all()  # Jensen: E <= E[d~]
+    assert exact.loc[exact["N"] == exact["L"] - 1, "residual"].abs().max() < 1e-12  # eps = 0 at N = L - 1
+    assert (closed["main sum"] <= closed["exact"] * (1 + 1e-12)).all()
+    assert set(mc["N"]) == {1, 5, 16, 64, 63, 255} and mc["standard error"].gt(0).all()
+    facts = distance.random_set_facts(exact, closed, mc)
+    assert facts["s_exact_viol"] == 0 and facts["s_closed_viol"] == 0 and facts["s_jensen_last"] < 1e-12
+    assert 0 <= facts["s_jensen_monotone"] <= 100 and facts["s_exact_n"] == len(exact)
+
+
+def test_corollary2_certificates_hold():
+    small_n, large_n = distance.corollary2_checks(generator())
+    assert small_n["gap holds"].all() and large_n["cap holds"].all()
+    assert len(small_n) == 2 * distance.COR_ROWS * len(distance.COR_LENGTHS)
+    assert sorted(set(large_n["N"])) == list(range(1, distance.COR_L2))
+    facts = distance.corollary2_facts(small_n, large_n)
+    assert facts["s_cor_fail"] == 0
+    assert facts["s_cor_offset_last"] > 2 * facts["s_cor_centred_last"]  # a common offset keeps ||m|| away from 0
+    assert abs(facts["s_cor_centred_last"] - 1) < 0.05  # centred vectors: E -> A as L grows
+
+
+# --- panel (c) grid, the row check and the sampling checks -------------------------------------------------------
+
+
+def test_critical_grid():
+    assert distance.critical_grid(32) == [1, 4, 8, 12, 16, 20, 22, 24, 26, 28, 30, 31]
+    grid = distance.critical_grid(1024)
+    assert 61 in grid and grid[0] == 16 and grid[-1] == 1023 and grid == sorted(set(grid))
+    assert distance.critical_grid(2) == [1]
+
+
+@pytest.fixture(scope="module")
+def attention():
+    """Random causal attention (2 layers, 3 heads, L = 24), stored in float32 like a captured model's."""
+    w, x, _, _ = causal_attention(5)
+    return w.float(), x.float()
+
+
+def test_row_bound_check_against_a_loop(attention):
+    w, x = attention
+    Ns, per_octave = (1, 3, 9), 2
+    got = distance.row_bound_check(w, x, Ns, reading="sum_of_norms", rows_per_octave=per_octave)
+    rows, _ = algorithms.sample_rows(w.shape[-1], per_octave)
+    checked, ratios = 0, []
+    for layer, head, t, n in itertools.product(range(w.shape[0]), range(w.shape[1]), rows, Ns):
+        if t + 1 <= n:
+            continue
+        row = w[layer, head, t, : t + 1].double().numpy()
+        row = row / row.sum()
+        xs, vis = x[layer, head, : t + 1].double().numpy(), np.ones(t + 1, dtype=bool)
+        selected = ref.top_n(row, vis, n)
+        ratios.append(ref.cumulative_distance(row, xs, selected, vis) / ref.fixed_bound(row, xs, selected, vis))
+        checked += 1
+    assert got["checked"] == checked and got["violations"] == 0
+    assert got["largest_ratio"] == pytest.approx(max(ratios), rel=1e-10)
+
+
+def test_sampling_checks(attention):
+    w, x = attention
+    facts, table = distance.sampling_checks(w, x, N=2, lengths=[8, 16, 24], alpha=0.01, reading="sum_of_norms",
+                                            rows_per_octave=4)
+    assert facts["m_check_lengths"] == [8] and facts["m_check_agreement"] < 1e-12 and facts["m_crit_check"] == "1 of 1"
+    assert list(table.index) == ["median relative error", "largest relative error"]
+    assert 0 < facts["m_sample_med"] <= facts["m_sample_max"]
+    every, _ = distance.sampling_checks(w, x, N=2, lengths=[8, 16], alpha=0.01, reading="sum_of_norms",
+                                        rows_per_octave=None)
+    assert every["m_sample_max"] == 0 and every["m_check_agreement"] == 0 and every["m_crit_check"] == "2 of 2"
+
+
+# --- Figure 2 on gpt2-random ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def captured():
+    session = Session.open(model="gpt2-random", L=64, seed=0)
+    weights, x, facts = distance.capture(session, "value")
+    return session, weights, x, facts
+
+
+@pytest.fixture
+def run_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTN_COMPANION_RUN_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_capture_facts(captured):
+    session, weights, x, facts = captured
+    assert weights.shape == (12, 12, 64, 64) and x.shape[:3] == (12, 12, 64)
+    assert facts["m_L"] == 64 and facts["ch2_model"] == "gpt2-random" and "144 heads" in facts["m_heads"]
+    assert facts["m_rowsum_dev"] == max(float((weights[i].double().sum(-1) - 1).abs().max()) for i in range(12))
+    assert 0 < facts["m_rowsum_dev"] < 1e-5
+
+
+def test_figure2_on_the_model_is_the_library_s_algorithms(captured, run_dir):
+    _, weights, x, _ = captured
+    options = dict(reading="sum_of_norms", rows_per_octave=8)
+    fig2 = distance.figure2(weights, x, N=5, lengths=[16, 32, 64], Ns=[1, 5, 20], alpha=0.01, **options)
+    want = algorithms.distance_vs_length(weights, x, N=5, lengths=[16, 32, 64], progress=False, **options)
+    pd.testing.assert_frame_equal(fig2.by_length, want)
+    assert (fig2.by_length["distance"] <= fig2.by_length["bound"]).all() and (fig2.by_n["L"] == 64).all()
+    assert fig2.rows == len(algorithms.sample_rows(64, 8)[0]) and set(fig2.seconds) == {"panels", "critical"}
+    full = algorithms.critical_n(weights, x, [16, 32, 64], distance.critical_grid, rows_per_octave=8, progress=False)
+    for L_, crit in zip(fig2.critical["L"], fig2.critical["critical N"]):
+        ran = fig2.tests[fig2.tests["L"] == L_]
+        grid = distance.critical_grid(L_)
+        assert ran["N"].tolist() == (grid if crit < 0 else [n for n in grid if n <= crit])  # an upward scan
+        assert crit == (-1 if ran["reject"].all() else ran.loc[~ran["reject"], "N"].iloc[0])
+        assert crit == full.summary.set_index("L").loc[L_, "critical_n"]
+    assert {"Algorithms_1-2", "Algorithm_3"} <= {p.stem.split("--")[-1] for p in (run_dir / "timings").glob("*.json")}
+    check = distance.row_bound_check(weights, x, [1, 5, 20], **options)
+    assert check["violations"] == 0 and 0 < check["largest_ratio"] <= 1
+    facts = distance.figure2_facts(fig2, N=5, alpha=0.01, reading="sum_of_norms")
+    means = fig2.by_length.groupby("L")["distance"].mean()
+    assert facts["m_slope_d"] == pytest.approx(np.polyfit(np.log([16, 32, 64]), np.log(means.to_numpy()), 1)[0])
+    assert not facts["m_has_20_100"] and math.isnan(facts["m_plateau"])
+    assert facts["m_plateau_text"].startswith("not measured")
+    fig = distance.figure2_figure(fig2, N=5, alpha=0.01, title="t", model="gpt2-random")
+    assert len(fig.axes) == 3 and "gpt2-random" in fig._suptitle.get_text()
+
+
+def _table(values: dict[int, tuple[float, float, float]], column: str, L: int = 1024) -> pd.DataFrame:
+    """A one-head table of Algorithm 1 or 2 with the given (distance, expectation, bound) per grid value."""
+    return pd.DataFrame([{"layer": 0, "head": 0, "L": L if column == "N" else k, "N": k if column == "N" else 5,
+                          "distance": d, "expectation": e, "bound": b} for k, (d, e, b) in values.items()])
+
+
+def test_figure2_facts_on_known_panels():
+    by_length = _table({32: (1.0, 1.0, 3.0), 64: (2.0, 1.0, 5.0), 128: (4.0, 1.0, 9.0)}, "L")  # d ~ L / 32
+    by_n = _table({5: (10.0, 5.0, 30.0), 20: (12.0, 9.0, 24.0), 100: (11.4, 10.8, 22.8)}, "N")
+    critical = pd.DataFrame({"L": [32, 64], "critical N": [28, 3], "critical N / L": [28 / 32, 3 / 64]})
+    tests = pd.DataFrame({"L": [32, 64], "N": [1, 3], "N / L": [1 / 32, 3 / 64], "statistic": [1.0, 0.1],
+                          "pvalue": [1e-5, 0.5], "reject": [True, False]})
+    fig2 = distance.Figure2(by_length, by_n, tests, critical, rows=100, seconds={"panels": 1.0, "critical": 2.0})
+    f = distance.figure2_facts(fig2, N=5, alpha=0.01, reading="norm_of_sum")
+    assert f["m_slope_d"] == pytest.approx(1.0) and f["m_slope_e"] == pytest.approx(0.0)
+    assert f["m_safe_fraction"] == 1.0 and f["m_conservative"] == pytest.approx(2.375)  # median of 3, 2.5, 2.25, 3, 2, 2
+    assert f["m_plateau"] == pytest.approx(0.05) and f["m_plateau_text"] == "5 %"
+    assert f["m_ratio_20"] == pytest.approx(2.0) and f["m_ratio_100"] == pytest.approx(2.0)
+    assert f["m_gap_5"] == pytest.approx(0.5) and f["m_gap_100"] == pytest.approx(1 - 10.8 / 11.4)
+    assert f["m_crit_within"] == [False, True] and f["m_crit_ledger"] == "L=32: 28; L=64: 3"
+    assert f["m_p_006_tested"] == 2 and not f["m_p_006_reject_all"] and f["m_p_006_accepted"] == "64"
+    assert f["m_rows_share"] == pytest.approx(100 * 100 / 1024) and f["m_reading"] == "norm of sum"
+
+
+# --- the ledger's rules are the chapter's former verdict code ----------------------------------------------------
+
+
+SLOPE_RANGE, PLATEAU_TOL, CONVERGED_TOL = (0.8, 1.2), 0.10, 0.10
+
+
+def old_linear(slope):
+    return "reproduced" if SLOPE_RANGE[0] <= slope <= SLOPE_RANGE[1] else "not reproduced"
+
+
+def old_plateau(has, plateau):
+    return ("reproduced" if plateau <= PLATEAU_TOL else "not reproduced") if has else "not comparable"
+
+
+def old_tightens(has, r20, r100):
+    return ("reproduced" if r100 < r20 else "not reproduced") if has else "not comparable"
+
+
+def old_converge(has, g5, g100):
+    return (("reproduced" if g100 <= CONVERGED_TOL else "partly reproduced" if g100 < g5 else "not reproduced")
+            if has else "not comparable")
+
+
+def old_critical(fractions):
+    fractions = pd.Series(fractions, dtype=float)
+    found = fractions.notna()
+    return ("reproduced" if found.all() and bool((fractions <= 0.06).all())
+            else "partly reproduced" if bool((fractions <= 0.06).any()) else "not reproduced")
+
+
+def judge(key, **values):
+    return claims.judge(key, model="m", **values).verdict
+
+
+GRID = [float("nan"), 0.0, 0.05, 0.0999, 0.1, 0.1001, 0.5, 0.79, 0.8, 1.0, 1.2, 1.2001, 3.0]
+
+
+@pytest.mark.parametrize("slope", GRID)
+def test_linear_rules(slope):
+    for key in ("ch2-fig2a-distance-linear", "ch2-fig2a-expectation-linear"):
+        assert judge(key, N=5, slope=slope, lengths=[32, 64]) == old_linear(slope)
+
+
+@pytest.mark.parametrize("has", [True, False])
+@pytest.mark.parametrize("a, b", list(itertools.product(GRID, repeat=2))[::3])
+def test_panel_b_rules(has, a, b):
+    assert judge("ch2-fig2b-plateau", L=1024, plateau=a, plateau_text="x", measured=has) == old_plateau(has, a)
+    assert judge("ch2-fig2b-bound-tightens", L=1024, ratio_20=a, ratio_100=b, measured=has) == old_tightens(has, a, b)
+    assert judge("ch2-fig2b-converge", L=1024, gap_5=a, gap_100=b, gap_5_text="x", gap_100_text="y",
+                 measured=has) == old_converge(has, a, b)
+
+
+@pytest.mark.parametrize("fractions", [[0.01, 0.06], [0.01, 0.0601], [0.5, 0.7], [float("nan"), 0.03],
+                                       [float("nan")], [0.06], [0.2, 0.05, 0.9]])
+def test_critical_n_rule(fractions):
+    within = [bool(f <= 0.06) for f in fractions]
+    assert judge("ch2-fig2c-critical-n", critical="c", alpha=0.01, within=within, fractions=fractions) \
+        == old_critical(fractions)
+
+
+@pytest.mark.parametrize("safe, violations, verdict", [(1.0, 0, "reproduced"), (0.99, 0, "not reproduced"),
+                                                       (1.0, 2, "not reproduced")])
+def test_bound_rules(safe, violations, verdict):
+    assert judge("ch2-fig2a-bound-safe", safe_fraction=safe, conservative=3.0, violations=violations) == verdict
+    model = judge("ch2-thm1-fixed-model", violations=violations, checked=10, Ns=[1], largest_ratio=0.5)
+    assert model == ("holds" if violations == 0 else "fails")
+
+
+def test_synthetic_rules():
+    assert judge("ch2-thm1-fixed-synthetic", violations_son=0, violations_nos=0, instances=9, sqrt_violations=3) == "holds"
+    assert judge("ch2-thm1-fixed-synthetic", violations_son=0, violations_nos=1, instances=9, sqrt_violations=3) == "fails"
+    base = dict(exact_violations=0, exact_cases=5, closed_violations=0, closed_cases=5, z_max=4, mc_violations=0,
+                mc_rows=5, monotone_percent=80.0)
+    assert judge("ch2-thm1-random-synthetic", **base) == "holds"
+    assert judge("ch2-thm1-random-synthetic", **{**base, "mc_violations": 1}) == "fails"
+    cor = dict(cases=9, L=8, N=5, ratio_centred=1.0, ratio_offset=3.0)
+    assert judge("ch2-cor2-synthetic", failures=0, **cor) == "holds"
+    assert judge("ch2-cor2-synthetic", failures=1, **cor) == "fails"
+
+
+def test_readings_follow_the_verdicts():
+    facts = {"m_p_006_reject_all": False, "m_p_006_tested": 0, "m_p_006_max": float("nan"), "m_p_006_accepted": ""}
+    recorded = {k: claims.judge(k, model="m", **v) for k, v in {
+        "ch2-fig2a-distance-linear": dict(N=5, slope=1.0, lengths=[1]),
+        "ch2-fig2a-expectation-linear": dict(N=5, slope=0.1, lengths=[1]),
+        "ch2-fig2a-bound-safe": dict(safe_fraction=1.0, conservative=2.0, violations=0),
+        "ch2-fig2b-plateau": dict(L=1, plateau=float("nan"), plateau_text="x", measured=False),
+        "ch2-fig2b-bound-tightens": dict(L=1, ratio_20=2.0, ratio_100=1.0, measured=True),
+        "ch2-fig2b-converge": dict(L=1, gap_5=0.5, gap_100=0.3, gap_5_text="", gap_100_text="", measured=True),
+        "ch2-fig2c-critical-n": dict(critical="", alpha=0.01, within=[False], fractions=[0.5])}.items()}
+    read = distance.figure2_readings(facts, recorded)
+    assert read["m_read_d"].startswith("linear growth") and read["m_read_e"] == "The main sum does not follow"
+    assert read["m_read_plateau"] == "not comparable with the paper" and read["m_read_tighten_short"] == "tightens"
+    assert "but slowly" in read["m_read_converge"] and read["m_crit_verdict"] == "not reproduced"
+    assert read["m_read_006"].startswith("No test was run")
+    assert read["m_rule_slope"] == recorded["ch2-fig2a-distance-linear"].rule

@@ -1,0 +1,308 @@
+"""Chapter ch6_beyond's machinery (attn_utils.book.chapters.remedies), Session.longer, and the chapter's ledger rules.
+
+The synthetic pipelines are checked against slow recomputations from the same random draws; the model pipelines
+run on gpt2-random (offline, random weights) at a small L and are checked against the model's own attention and
+the library's metrics; every rule of the ledger file is checked against the verdict logic the chapter used to
+write by hand.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from attn_utils.book import claims
+from attn_utils.book.chapters import remedies
+from attn_utils.book.session import Session
+from attn_utils.mathematics import algorithms, lenses, metrics, registry
+from attn_utils.mathematics.normalizers import causal_mask
+
+NAMES = list(registry.COMPARED)
+L, LONG, PER_OCTAVE = 32, 64, 2
+
+
+# --- Session.longer -----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def session():
+    return Session.open(model="gpt2-random", L=L, offset=7)
+
+
+def test_longer_window_extends_the_same_window(session):
+    longer = session.longer(LONG)
+    assert longer.L == LONG and session.L == L and longer.model is session.model
+    assert torch.equal(longer.input_ids[:L], session.input_ids)
+    fresh = Session.open(model="gpt2-random", L=LONG, offset=7)
+    assert torch.equal(longer.input_ids, fresh.input_ids)
+    assert session.provenance.L == LONG and session.provenance.window_offsets == (7,)
+    assert session.longer(L) is session
+
+
+@pytest.mark.parametrize("length", [L - 1, 1025, 64.0, True])
+def test_longer_window_is_checked_against_the_context(session, length):
+    assert session.context == 1024
+    with pytest.raises(ValueError, match=r"length must be an integer in \[L, context\]"):
+        session.longer(length)
+
+
+# --- synthetic pipelines ---------------------------------------------------------------------------------------------
+
+
+def test_lemma1_synthetic_against_a_recomputation():
+    lengths, n = [4, 64, 1024], 16
+    res = remedies.lemma1_synthetic(NAMES, lengths, n, torch.Generator().manual_seed(3))
+    assert res.envelope_violations == 0 and res.planted_violations == 0
+    assert len(res.table) == len(lengths) * 2 * len(NAMES)
+    assert res.escapes == {name: not remedies.VANISH_THEORY[name] for name in NAMES}
+    again = torch.Generator().manual_seed(3)
+    for length in lengths:
+        for family in lenses.FAMILIES:
+            rows = lenses.synthetic_rows(family, n, length, remedies.A_SYN, remedies.GAP, again)
+            expected = float(torch.softmax(rows, -1).amax(-1).median())
+            got = res.table.set_index(["name", "family", "L"]).loc[("softmax", family, length), "max weight"]
+            assert got == pytest.approx(expected, rel=1e-12)
+    values = res.escape_claim()
+    assert claims.judge("ch6-lemma1-escape", model="synthetic", **values).verdict == "holds"
+    values["escapes"][0] = not values["escapes"][0]
+    assert claims.judge("ch6-lemma1-escape", model="synthetic", **values).verdict == "fails"
+    assert claims.judge("ch6-envelopes", model="synthetic", **res.envelope_claim()).verdict == "holds"
+
+
+def test_geometry_synthetic_against_the_metrics():
+    lengths, N, Ns, n = [16, 128], 3, [2, 6], 8
+    res = remedies.geometry_synthetic(NAMES, lengths, N, Ns, n, torch.Generator().manual_seed(4))
+    assert res.count_violations == 0 and set(res.table.name) == set(remedies.geometric(NAMES))
+    assert set(res.table[res.table.L == 128].N) == {2, 3, 6} and set(res.table[res.table.L == 16].N) == {3}
+    gen = torch.Generator().manual_seed(4)
+    x = lenses.unit_vectors((remedies.N_SETS, 128), remedies.D_SYN, gen)
+    logits = lenses.synthetic_rows("typical", remedies.N_SETS * 2, 128, remedies.A_SYN, remedies.GAP, gen)
+    logits = logits.view(remedies.N_SETS, 2, 128)
+    w = torch.softmax(logits[..., :16], -1)
+    selected, _ = metrics.top_n_mask(w, N)
+    distance = metrics.cumulative_distance(w, x[:, :16], selected)
+    row = res.table.set_index(["name", "L", "N"]).loc[("softmax", 16, N)]
+    assert row["distance"] == pytest.approx(float(distance.median()), rel=1e-10)
+    separability, _ = metrics.separability(w, x[:, :16], N)
+    assert row["separability"] == pytest.approx(float(separability.mean()), rel=1e-12)
+    assert claims.judge("ch6-distance-count", model="synthetic", **res.claim()).verdict == "holds"
+
+
+def test_gradient_synthetic_bounds_and_usable_gradients():
+    res = remedies.gradient_synthetic(NAMES, [0.001, 0.1, 1.0], 12, torch.Generator().manual_seed(5))
+    assert res.autograd_error < 1e-10 and res.bound_violations == 0
+    norms = res.table.set_index(["name", "T"])["median norm"]
+    for T in (0.1, 1.0):
+        assert norms[("softmax", T)] <= 1 / (2 * T) and norms[("sparsemax", T)] in (0.0, pytest.approx(1 / T))
+    assert res.keeps["self_adjust"] and not res.keeps["softmax"] and not res.keeps["sparsemax"]
+    assert res.usable["softmax"] == pytest.approx(norms[("softmax", 0.001)] / norms.loc["softmax"].max())
+    assert claims.judge("ch6-jacobians", model="synthetic", **res.claim()).verdict == "holds"
+
+
+def test_norm_violations_are_counted():
+    rows = lenses.synthetic_rows("typical", 4, 8, 2.0, generator=torch.Generator().manual_seed(0))
+    big = torch.full((4,), 10.0, dtype=torch.float64)
+    assert remedies._norm_violations("softmax", big, rows, 1.0) == 4
+    zero = torch.zeros(4, dtype=torch.float64)
+    assert remedies._norm_violations("sparsemax", zero, rows, 0.01) == 0   # one-key supports: J = 0
+    assert remedies._norm_violations("sparsemax", zero, rows, 100.0) == 4  # full supports: ||J|| = 1/T, not 0
+    assert remedies._norm_violations("self_adjust", big, rows, 1.0) == 0
+
+
+# --- model pipelines on gpt2-random ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def model_run():
+    s = Session.open(model="gpt2-random", L=L)
+    logits = remedies.capture_logits(s, [LONG], PER_OCTAVE)
+    lemma = remedies.lemma1_model(logits, NAMES)
+    geometry = remedies.geometry_model(logits, NAMES, 3, [2, 4])
+    gradient = remedies.gradient_model(logits, NAMES, [0.01, 1.0], seed=0)
+    return s, logits, lemma, geometry, gradient
+
+
+def test_captured_logits_are_the_models(model_run):
+    s, logits, *_ = model_run
+    assert logits.softmax_error < 1e-5 and logits.L_run == LONG and logits.long_lengths == [LONG]
+    assert np.array_equal(logits.main_rows, algorithms.sample_rows(L, PER_OCTAVE)[0])
+    assert logits.n_extra_rows == len(np.setdiff1d(algorithms.sample_rows(LONG, PER_OCTAVE)[0], logits.main_rows))
+    full = s.longer(LONG).capture(what=("logits", "weights"), dtype=torch.float64)
+    for block in logits.blocks["main"] + logits.blocks["extra"]:
+        rows = torch.as_tensor(block.rows)
+        expected = full.logits[:, :, rows, :block.K] * full.scaling.view(-1, 1, 1, 1)
+        assert torch.allclose(block.logits, expected, rtol=1e-4, atol=1e-4)
+        assert torch.equal(block.mask, causal_mask(block.K)[rows])
+    assert logits.row_weights(L).sum() == L and logits.row_weights(LONG).sum() == LONG
+    assert logits.row_weights(16).sum() == 16  # the complete octaves of the L sample
+
+
+def test_lemma1_model_is_the_models_attention(model_run):
+    s, logits, lemma, *_ = model_run
+    weights = s.longer(LONG).capture(what=("weights",), dtype=torch.float64).weights
+    soft = lemma.rows[lemma.rows.name == "softmax"].set_index(["layer", "head", "row"])
+    extra = logits.blocks["extra"][-1].rows
+    for layer, head, row in [(0, 0, 5), (3, 7, int(logits.main_rows[-1])), (11, 11, int(extra[-1]))]:
+        w = weights[layer, head, row, :row + 1]
+        assert soft.loc[(layer, head, row), "max"] == pytest.approx(float(w.max()), abs=1e-5)
+        assert soft.loc[(layer, head, row), "max, token 0 excluded"] == pytest.approx(float(w[1:].max()), abs=1e-5)
+    assert set(lemma.curve.t) == set(np.concatenate([b.rows for bs in logits.blocks.values() for b in bs]) + 1)
+    assert lemma.zeros["softmax"] == 0 and lemma.zeros["sparsemax"] > 0
+    table = lemma.table()
+    assert list(table.index) == [registry.get(n).label for n in NAMES]
+    assert math.isfinite(lemma.continued_slope("softmax")) and math.isnan(lemma.continued_slope("nope"))
+
+
+def test_geometry_model_against_the_metrics(model_run):
+    s, logits, _, geometry, _ = model_run
+    captured = s.capture(what=("weights", "v"), dtype=torch.float64)
+    rows = geometry.rows[(geometry.rows.name == "softmax") & (geometry.rows.N == 2)].set_index(["layer", "head", "row"])
+    for layer, head, row in [(0, 0, 5), (6, 3, int(logits.main_rows[-1]))]:
+        w = captured.weights[layer, head, row:row + 1, :row + 1]
+        x = captured.v[layer, head, :row + 1]
+        ratio, _ = metrics.separability(w, x, 2)
+        assert rows.loc[(layer, head, row), "separability"] == pytest.approx(float(ratio[0]), abs=1e-12)
+        selected, _ = metrics.top_n_mask(w, 2)
+        distance = metrics.cumulative_distance(w, x, selected)
+        assert rows.loc[(layer, head, row), "distance"] == pytest.approx(float(distance[0]), rel=1e-4)
+    # the per-head mean weights each sampled row by the rows it stands for
+    weights = logits.row_weights(L)
+    one = geometry.rows[(geometry.rows.name == "softmax") & (geometry.rows.N == 2) & (geometry.rows.layer == 1)
+                        & (geometry.rows["head"] == 2)].dropna(subset=["separability"])
+    expected = (one.separability * one.row.map(weights)).sum() / one.row.map(weights).sum()
+    means = logits.head_means(geometry.rows[geometry.rows.N == 2], "separability", L)
+    means = means.set_index(["name", "layer", "head"])
+    assert means.loc[("softmax", 1, 2), "separability"] == pytest.approx(expected, rel=1e-12)
+    assert geometry.route_error < 1e-9 and "self_adjust" not in geometry.names
+    shares = geometry.rows[geometry.rows.N == 3]["count share"].dropna()
+    assert len(shares) and (shares > 0).all()
+    assert sorted(geometry.coverage_inputs) == [2, 4] and all(geometry.coverage_inputs[n] for n in (2, 4))
+
+
+def test_gradient_model_and_summary(model_run):
+    _, logits, lemma, geometry, gradient = model_run
+    assert set(gradient.table.name) == set(NAMES) and set(gradient.table["T"]) == {0.01, 1.0}
+    assert (gradient.table["max"] >= gradient.table["median"]).all()
+    assert set(gradient.usable) == set(NAMES) and all(0 <= r <= 1 for r in gradient.usable.values())
+    syn = remedies.lemma1_synthetic(NAMES, [4, 256], 8, torch.Generator().manual_seed(0))
+    geo_syn = remedies.geometry_synthetic(NAMES, [8, 64], 3, [2, 4], 8, torch.Generator().manual_seed(0))
+    grad_syn = remedies.gradient_synthetic(NAMES, [0.01, 1.0], 8, torch.Generator().manual_seed(0))
+    table, sentences, both = remedies.summary(NAMES, syn, geo_syn, grad_syn, lemma, geometry, gradient)
+    assert list(table.index) == [registry.get(n).label for n in NAMES]
+    assert table.loc["self-adjust softmax", f"model: d~ at N={geometry.N}"] == "n/a (signed)"
+    assert all(registry.get(n).label + ":" in sentences for n in NAMES) and "usable gradient" in both
+
+
+def test_long_context_and_coverage(model_run):
+    _, logits, lemma, geometry, _ = model_run
+    long = remedies.long_context(logits, geometry)
+    assert list(long.curves.L) == [L, LONG] and set(long.separability.Lp) == {L, LONG}
+    assert long.N_plateau == 4 and math.isfinite(long.plateau(LONG)) and math.isnan(long.plateau(999))
+    assert math.isnan(long.slope_below)  # a single length up to L
+    ratio = long.curves.set_index("L").distance
+    assert long.slope_above == pytest.approx(math.log(ratio[LONG] / ratio[L]) / math.log(2))
+    prose = long.prose(lemma)
+    assert "windows of 64 tokens" in prose["long_text"]
+    coverage = remedies.coverage(logits, geometry, [2, 4], 20, seed=0)
+    assert list(coverage.table.N) == [2, 4] and coverage.N == 4
+    row = coverage.row
+    assert 0 <= row["observed coverage"] <= 1 and 0 <= row["permutation p-value"] <= 1
+    assert row["paper 1-(1-p)^H"] == pytest.approx(1 - (1 - row["mean p = N_s/N"]) ** logits.n_heads)
+    assert len(coverage.phis) == 2 * logits.n_layers * logits.n_heads * (logits.n_heads - 1) // 2
+    assert set(coverage.prose()) >= {"cov_N", "cov_formula_text", "phi_same"}
+    for key, values in [("ch6-multihead-coverage", coverage.coverage_claim()),
+                        ("ch6-heads-independent", coverage.independence_claim()),
+                        ("ch6-long-distance", long.distance_claim()),
+                        ("ch6-long-separability", long.separability_claim()),
+                        ("ch6-ssmax-model", lemma.ssmax_claim()), ("ch6-sparse-model", lemma.sparse_claim())]:
+        assert claims.judge(key, model="gpt2-random", **values).verdict in claims.VERDICTS
+
+
+def test_a_model_without_longer_windows_is_not_comparable(model_run):
+    _, logits, _, geometry, _ = model_run
+    short = remedies.ModelLogits(**{**logits.__dict__, "long_lengths": [], "blocks": {"main": logits.blocks["main"]},
+                                    "context": L})
+    long = remedies.long_context(short, geometry)
+    assert list(long.curves.L) == [L] and math.isnan(long.slope_above)
+    for key, values in [("ch6-long-distance", long.distance_claim()),
+                        ("ch6-long-separability", long.separability_claim())]:
+        assert claims.judge(key, model="m", **values).verdict == "not comparable"
+    assert "no window longer than L = 32 fits" in long.prose(remedies.Lemma1Model(NAMES, L, pd.DataFrame(),
+                                                                                   pd.DataFrame()))["long_text"]
+
+
+# --- the ledger's rules are the chapter's former verdict code ---------------------------------------------------------
+
+
+def old_ssmax(s_ss, s_soft):
+    return ("not comparable" if abs(s_soft) <= 0.2 else "reproduced" if abs(s_ss) <= 0.2 else
+            "partly reproduced" if s_ss > s_soft + 0.2 else "not reproduced")
+
+
+def old_sparse(zeros, entropies, soft):
+    zero_ok, ent_ok = [z > 0.5 for z in zeros], [e < soft for e in entropies]
+    return ("reproduced" if all(zero_ok) and all(ent_ok) else
+            "partly reproduced" if any(zero_ok) or any(ent_ok) else "not reproduced")
+
+
+def old_self_adjust(sa, soft):
+    return ("reproduced" if sa >= 0.1 and not soft >= 0.1 else "partly reproduced" if sa > soft else "not reproduced")
+
+
+def old_long(longer, x, lo, hi, lo2, hi2):
+    if not (longer and math.isfinite(x)):
+        return "not comparable"
+    return "reproduced" if lo <= x <= hi else "partly reproduced" if lo2 <= x <= hi2 else "not reproduced"
+
+
+def old_coverage(observed, paper, independent):
+    return ("reproduced" if abs(observed - paper) <= 0.05 else
+            "partly reproduced" if abs(observed - independent) <= 0.05 else "not reproduced")
+
+
+GRID = [-1.5, -1.0, -0.5, -0.21, -0.2, -0.1, 0.0, 0.15, 0.2, 0.25, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.2, 1.5, 2.0,
+        float("nan")]
+
+
+def rule(key):
+    return claims.specs()[key].rule
+
+
+def test_rules_reproduce_the_former_verdict_logic():
+    for a, b in itertools.product(GRID, repeat=2):
+        assert rule("ch6-ssmax-model").verdict({"ssmax": a, "softmax": b}) == old_ssmax(a, b)
+        assert rule("ch6-self-adjust-gradient").verdict({"self_adjust": a, "softmax": b}) == old_self_adjust(a, b)
+    for x, longer in itertools.product(GRID, (True, False)):
+        assert rule("ch6-long-distance").verdict({"longer": longer, "slope_above": x}) == old_long(longer, x, 0.8, 1.2,
+                                                                                                  0.5, 1.5)
+        assert rule("ch6-long-separability").verdict({"longer": longer, "at_L_run": x}) == old_long(longer, x, 0.70,
+                                                                                                    0.85, 0.60, 0.95)
+    finite = [g for g in GRID if math.isfinite(g)]
+    for z1, z2, e1, e2, soft in itertools.product([0.3, 0.5, 0.7], [0.2, 0.9], [1.0, 2.0], [1.5, 3.0], [1.2, 2.5]):
+        for zeros, entropies in (([z1, z2], [e1, e2]), ([z1], [e1])):
+            values = {"zeros": zeros, "entropies": entropies, "softmax_entropy": soft}
+            assert rule("ch6-sparse-model").verdict(values) == old_sparse(zeros, entropies, soft)
+    for observed, paper, independent in itertools.product(finite[:12], repeat=3):
+        values = {"observed": observed, "paper": paper, "independent": independent}
+        assert rule("ch6-multihead-coverage").verdict(values) == old_coverage(observed, paper, independent)
+    for p in (0.0, 0.005, 0.01, 0.5, float("nan")):
+        assert rule("ch6-heads-independent").verdict({"pvalue": p}) == ("reproduced" if p >= 0.01 else "not reproduced")
+    checks = {"ch6-envelopes": [({"envelope_violations": 0, "planted_violations": 0}, "holds"),
+                                ({"envelope_violations": 1, "planted_violations": 0}, "fails"),
+                                ({"envelope_violations": 0, "planted_violations": 2}, "fails")],
+              "ch6-jacobians": [({"autograd_error": 1e-16, "violations": 0}, "holds"),
+                                ({"autograd_error": 1e-10, "violations": 0}, "fails"),
+                                ({"autograd_error": 0.0, "violations": 1}, "fails")],
+              "ch6-distance-count": [({"violations": 0}, "holds"), ({"violations": 3}, "fails")]}
+    for key, cases in checks.items():
+        for values, verdict in cases:
+            assert rule(key).verdict(values) == verdict
+
+
+def test_the_chapter_states_at_most_three_headline_claims():
+    stated = [s for s in claims.specs().values() if s.chapter == "ch6_beyond"]
+    assert len(stated) == 11 and sum(s.headline for s in stated) <= 3

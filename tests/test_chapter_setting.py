@@ -1,0 +1,100 @@
+"""The setting chapter's helpers (attn_utils.book.chapters.setting) and the ledger chapter's
+(attn_utils.book.chapters.reproducibility), on values known in advance."""
+import json
+
+import matplotlib
+import pytest
+import torch
+
+from attn_utils.book import claims
+from attn_utils.book.chapters import reproducibility as repro
+from attn_utils.book.chapters import setting
+from attn_utils.mathematics import normalizers, registry
+
+matplotlib.use("Agg")
+
+
+def test_weights_table_is_the_normalizers_row_by_row():
+    logits = torch.tensor([2.0, 0.0, -1.0, 0.5], dtype=torch.float64)
+    table = setting.weights_table(logits, names=("softmax", "sparsemax"), Ts=(1.0, 0.5))
+    assert len(table) == 2 * 2 * 4
+    for (name, T), rows in table.groupby(["normalizer", "T"]):
+        expected = registry.normalize(logits, name, T=T)
+        assert rows.sort_values("key").weight.tolist() == pytest.approx(expected.tolist(), abs=1e-15)
+    summary = setting.weights_summary(table)
+    assert summary.loc[("softmax", 1.0), "total"] == pytest.approx(1.0)
+    assert summary.loc[("softmax", 1.0), "nonzero"] == 4 and summary.loc[("sparsemax", 0.5), "nonzero"] == 1
+    assert summary.loc[("softmax", 0.5), "largest"] > summary.loc[("softmax", 1.0), "largest"]
+
+
+def test_layer_checks_and_heatmaps_on_a_known_layer():
+    w = normalizers.softmax(torch.zeros(2, 5, 5, dtype=torch.float64), mask=normalizers.causal_mask(5))
+    checks = setting.layer_checks(w)
+    assert checks["L_shown"] == 5 and checks["n_heads"] == 2 and checks["upper_max"] == 0
+    assert checks["row_error"] < 1e-15
+    assert checks["first_key_share"] == pytest.approx((1 / 2 + 1 / 3 + 1 / 4 + 1 / 5) / 4)  # uniform rows t >= 2
+    fig = setting.heatmaps(w, "test-model", heads=4)
+    assert len([a for a in fig.axes if a.get_title().startswith("layer 0")]) == 2
+    assert "test-model" in fig._suptitle.get_text()
+
+
+@pytest.fixture
+def build_records(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTN_COMPANION_RUN_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_the_ledger_chapter_refuses_an_empty_build(build_records):
+    with pytest.raises(RuntimeError, match="no claims were recorded"):
+        repro.ledger()
+
+
+def test_summary_counts_and_table_1(build_records):
+    for i, verdict in enumerate(["holds", "holds", "fails", "not reproduced"]):
+        row = {"key": f"ch9-{i}", "chapter": "ch9", "claim": "c", "paper": "p", "ours": "o", "verdict": verdict,
+               "model": "synthetic" if i < 3 else "smollm2-135m", "rule": "r", "note": "", "values": {},
+               "notebook": "ch9"}
+        (build_records / "claims").mkdir(exist_ok=True)
+        (build_records / "claims" / f"ch9-{i}.json").write_text(json.dumps(row))
+    rows = repro.ledger()
+    s = repro.summary(rows)
+    assert (s["n_claims"], s["n_holds"], s["n_fails"], s["n_not_reproduced"], s["n_reproduced"]) == (4, 2, 1, 1, 0)
+    assert s["ledger_models"] == "smollm2-135m" and s["ledger_model_is_paper"].startswith("not the paper's")
+    assert set(repro.verdict_figure(rows).axes[0].get_legend_handles_labels()[1]) == {"holds", "fails",
+                                                                                      "not reproduced"}
+    (build_records / "timings").mkdir()
+    for name, seconds in (("Algorithm 1", 2.0), ("Algorithm 2", 3.0), ("Algorithm 4", 6.0)):
+        (build_records / "timings" / f"{name}.json").write_text(
+            json.dumps({"algorithm": name, "notebook": "x", "seconds": seconds}))
+    table = repro.table1().set_index("algorithm")
+    assert table.loc["Algorithms 1-2", "ours (s)"] == 5.0 and table.loc["Algorithms 1-2", "speed-up"] == "732x"
+    assert table.loc["Algorithm 3", "ours (s)"] == "not run" and table.loc["Algorithm 3", "speed-up"] == "n/a"
+    totals = repro.totals(repro.table1(), repro.notebook_times())
+    assert totals["ours_total_s"] == 11 and totals["book_total_min"].startswith("not recorded")
+    assert set(claims.VERDICTS) <= set(repro.figures.VERDICT_COLOURS)
+    assert len(set(repro.figures.VERDICT_COLOURS.values())) == len(repro.figures.VERDICT_COLOURS)
+
+
+def test_glance_lists_headline_claims_with_badges_and_links(monkeypatch, tmp_path):
+    import pandas as pd
+
+    (tmp_path / "ch9_test.yml").write_text(
+        "ch9-a:\n  claim: weights <vanish>\n  paper: like 1/L\n  ours: 'slope {s}'\n"
+        "  rule: [reproduced if s < -0.8, otherwise not reproduced]\n  headline: true\n"
+        "ch9-b:\n  claim: a lemma\n  paper: bound\n  ours: '{v}'\n  rule: [holds if v == 0, otherwise fails]\n")
+    original = claims.specs
+    monkeypatch.setattr(claims, "specs", lambda: original(tmp_path))
+    rows = pd.DataFrame([claims.judge("ch9-a", model="m", s=-0.1).__dict__, claims.judge("ch9-b", model="m", v=0).__dict__])
+    table = repro.glance(rows)
+    assert table.count("<tr>") == 2  # the header and the one headline claim
+    assert "weights &lt;vanish&gt;" in table and "slope -0.1" in table
+    assert '<span class="verdict verdict-not-reproduced">not reproduced</span>' in table
+    assert '<a href="../notebooks/ch9_test.html">test</a>' in table and "a lemma" not in table
+
+
+def test_the_badges_of_the_first_page_use_the_figures_colours():
+    from pathlib import Path
+
+    css = (Path(__file__).resolve().parents[1] / "_static" / "verdicts.css").read_text()
+    for verdict, colour in repro.figures.VERDICT_COLOURS.items():
+        assert f".verdict-{verdict.replace(' ', '-')} {{ background: {colour}; }}" in css

@@ -1,0 +1,240 @@
+"""Chapter 1 (vanishing attention): the synthetic instances, the checks of Lemma 1 and Corollary 1, the per-row
+table of a model and the decay fits, against closed forms, slow loops and known synthetic answers."""
+import math
+from types import SimpleNamespace
+
+import matplotlib
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from attn_utils.book import claims
+from attn_utils.book.chapters import vanishing as V
+
+matplotlib.use("Agg")
+F64 = torch.float64
+
+
+def gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+# --- Lemma 1 ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pattern", V.PATTERNS)
+def test_drawn_logits_stay_in_the_interval(pattern):
+    logits = V.draw_logits(pattern, 1.5, 7, 11, gen())
+    assert logits.shape == (7, 11) and logits.dtype == F64
+    assert (logits.abs() <= 1.5).all()
+    if pattern.startswith("one at"):
+        sign = 1 if pattern == "one at +a" else -1
+        assert (logits[:, 0] == sign * 1.5).all() and (logits[:, 1:] == -sign * 1.5).all()
+
+
+def test_lemma1_table_holds_and_its_extreme_rows_match_the_closed_form():
+    T, lengths, n = 0.5, [2, 8, 64], 40
+    table = V.lemma1_table(V.positive_functions([T]), lengths, n, gen())
+    assert len(table) == 3 * len(lengths) * n  # softmax, softplus, 1 + sigmoid
+    assert table.groupby(["F", "L"]).size().eq(n).all()
+    assert (table.tightness <= 1 + V.REL_TOL).all()
+    assert V.lemma1_summary(table).violations.sum() == 0
+    # one key at +a, the others at -a: alpha_1 = e^{a/T} / (e^{a/T} + (L - 1) e^{-a/T}), and C2 = e^{2a/T}
+    extreme = table[(table.F == f"softmax, T={T:g}") & (table.pattern == "one at +a")]
+    assert len(extreme) > 0
+    for _, row in extreme.iterrows():
+        a, L = row.a, row.L
+        alpha = math.exp(a / T) / (math.exp(a / T) + (L - 1) * math.exp(-a / T))
+        assert row["max weight"] == pytest.approx(alpha, rel=1e-12)
+        assert row.upper == pytest.approx(math.exp(2 * a / T) / L, rel=1e-9)
+        alpha_min = math.exp(-a / T) / (math.exp(a / T) + (L - 1) * math.exp(-a / T))
+        assert row.tightness == pytest.approx(max(L * alpha / math.exp(2 * a / T),
+                                                  1 / (math.exp(2 * a / T) * L * alpha_min)), rel=1e-9)
+
+
+def test_lemma1_tightness_grows_towards_one_with_L():
+    table = V.lemma1_table({"softplus": torch.nn.functional.softplus}, [2, 16, 4096], 20, gen())
+    worst = table.groupby("L").tightness.max()
+    assert worst.is_monotonic_increasing and worst.iloc[-1] > 0.99
+
+
+def test_lemma1_facts():
+    table = V.lemma1_table(V.positive_functions([0.25, 1.0]), [4, 32], 20, gen())
+    f = V.lemma1_facts(table, [0.25, 1.0])
+    assert f["lemma1_cases"] == 4 * 2 * 20 and f["lemma1_n_F"] == 4 and (f["lemma1_Lmin"], f["lemma1_Lmax"]) == (4, 32)
+    assert f["lemma1_violations"] == 0 and f["a_fig"] == 2.0 and f["T_small"] == 0.25
+    assert f["c2_small"] == pytest.approx(math.exp(2 * 2.0 / 0.25), rel=1e-9)
+    assert f["lemma1_tightest"] == pytest.approx(table.tightness.max())
+
+
+# --- Corollary 1 ------------------------------------------------------------------------------------------
+
+
+def test_aligned_keys_put_every_logit_at_plus_minus_delta():
+    q, k = V.draw_qk("aligned", 5, 9, gen())
+    logits = (k @ q.unsqueeze(-1)).squeeze(-1)
+    delta = q.norm(dim=-1) * k.norm(dim=-1).amax(-1)
+    assert torch.allclose(logits[:, 0], delta) and torch.allclose(logits[:, 1:], -delta.unsqueeze(-1).expand(5, 8))
+
+
+def test_corollary1_holds_and_the_mean_key_reading_fails():
+    table = V.corollary1_table([1.0], [4, 256], 30, gen())
+    assert len(table) == 2 * 30 and (table.tightness <= 1 + V.REL_TOL).all()
+    summary = V.corollary1_summary(table)
+    assert summary.loc["aligned", "tightest"] > 0.5
+    assert summary.loc["one long key", "mean_reading_violations"] > 0
+    f = V.corollary1_facts(table)
+    assert f["cor1_violations"] == 0 and f["cor1_long_rows"] == 20
+    assert f["cor1_mean_violations"] == int(table["mean reading violated"].sum())
+
+
+def test_aligned_rows_reach_the_closed_form_tightness():
+    # the aligned row (drawn after one Gaussian row): alpha_1 = e^D / (e^D + (L-1) e^-D), the others e^-D / (...),
+    # D = Delta/T; its tightness is the larger of L alpha_1 / e^{2D} and 1 / (e^{2D} L alpha_min)
+    table = V.corollary1_table([1.0], [64], 3, gen(5))
+    g = gen(5)
+    q, k = V.draw_qk("Gaussian", 1, 64, g)
+    q, k = V.draw_qk("aligned", 1, 64, g)
+    D = float(q.norm() * k.norm(dim=-1).max())
+    alpha = math.exp(D) / (math.exp(D) + 63 * math.exp(-D))
+    aligned = table[table.construction == "aligned"].tightness.iloc[0]
+    alpha_min = math.exp(-D) / (math.exp(D) + 63 * math.exp(-D))
+    assert aligned == pytest.approx(max(64 * alpha / math.exp(2 * D), 1 / (math.exp(2 * D) * 64 * alpha_min)), rel=1e-9)
+
+
+# --- the escapes ------------------------------------------------------------------------------------------
+
+
+def test_sparsemax_and_ssmax_keep_the_planted_key_softmax_does_not():
+    table = V.escape_table([4, 4096], 25, gen())
+    mean = table.groupby(["normalizer", "L"])["max weight"].mean().unstack(0)
+    assert (table[table.normalizer == "sparsemax"]["max weight"] == 1).all()  # gap 2 > 1: weight exactly 1
+    assert mean.loc[4096, "ssmax"] > 0.95
+    # softmax: e^{gap + m} / (e^{gap + m} + sum of the others) <~ e^2 / (e^2 + L - 1) up to the noise
+    assert mean.loc[4096, "softmax"] < 3 * math.exp(2) / (math.exp(2) + 4095)
+    assert V.plot_escape(table).axes
+
+
+# --- Corollary 1 on a model -------------------------------------------------------------------------------
+
+
+def uniform_capture(L=6, heads=2, layers=2):
+    """q = 0: Delta = 0, so both bounds are exactly 1/t, and uniform causal weights meet them with equality."""
+    w = torch.tril(torch.ones(L, L)) / torch.arange(1, L + 1).unsqueeze(-1)
+    return SimpleNamespace(weights=w.expand(layers, heads, L, L).clone(), q=torch.zeros(layers, heads, L, 4),
+                           k=torch.randn(layers, heads, L, 4, generator=gen()), temperature=torch.ones(layers))
+
+
+def test_model_rows_counts_exactly_the_weights_outside_their_bounds():
+    cap = uniform_capture()
+    check = V.model_rows(cap)
+    assert check.violations == 0 and check.weights == 2 * 2 * 21 and check.recon_error < 1e-6
+    cap.weights[1, 0, 3, :4] = torch.tensor([0.4, 0.2, 0.2, 0.2])  # row t = 4: bounds 1/4
+    check = V.model_rows(cap)
+    assert check.violations == 4  # 0.4 above, three 0.2 below
+    assert check.recon_error == pytest.approx(0.15, abs=1e-6)
+
+
+@pytest.fixture(scope="module")
+def gpt2_random():
+    from attn_utils.book.session import Session
+
+    session = Session.open(model="gpt2-random", L=24)
+    return session, session.capture(what=("weights", "q", "k"))
+
+
+def test_model_rows_agree_with_a_slow_loop(gpt2_random):
+    session, cap = gpt2_random
+    check = V.model_rows(cap)
+    n_layers, n_heads, L = cap.weights.shape[:3]
+    rows = check.rows.set_index(["layer", "head", "t"])
+    assert len(rows) == n_layers * n_heads * L and check.violations == 0 and check.recon_error < 1e-5
+    for layer, head, t in [(0, 0, 1), (0, 1, 5), (3, 2, 24), (n_layers - 1, n_heads - 1, 13)]:
+        w = cap.weights[layer, head, t - 1, :t].double()
+        q, k = cap.q[layer, head, t - 1].double(), cap.k[layer, head, :t].double()
+        T = float(cap.temperature[layer])
+        delta = float(q.norm() * max(float(k[j].norm()) for j in range(t)))
+        row = rows.loc[(layer, head, t)]
+        assert row["max weight"] == pytest.approx(float(w.max()), rel=1e-7)
+        assert row["min weight"] == pytest.approx(float(w.min()), rel=1e-7)
+        assert row["weight on token 0"] == pytest.approx(float(w[0]), rel=1e-7)
+        assert row["log10 spread"] == pytest.approx(2 * delta / T / math.log(10), rel=1e-9)
+        assert row["upper"] == pytest.approx(math.exp(2 * delta / T) / t, rel=1e-9)
+        assert row["lower"] == pytest.approx(math.exp(-2 * delta / T) / t, rel=1e-9)
+        if t > 1:
+            assert row["max weight, token 0 excluded"] == pytest.approx(float(w[1:].max()), rel=1e-7)
+        if t >= 5:
+            assert row["mean top-5 weight"] == pytest.approx(float(w.sort(descending=True).values[:5].mean()), rel=1e-6)
+        else:
+            assert math.isnan(row["mean top-5 weight"])
+    f = V.model_facts(check, cap)
+    assert f["m_weights"] == n_layers * n_heads * L * (L + 1) // 2 and f["m_L"] == L
+    assert f["m_tight_up"] <= 1 and 0 <= f["m_vacuous"] <= 100
+    assert V.plot_spread(check.rows, session.name).axes
+
+
+# --- the decay fits ---------------------------------------------------------------------------------------
+
+
+def power_rows(L, exponents):
+    """Per-row table where head h of layer 0 has largest weight t^-p_h (token 0 excluded too), weight 0.1 on token 0."""
+    t = np.arange(1, L + 1)
+    frames = [pd.DataFrame({"layer": 0, "head": h, "t": t, "max weight": t ** -p, "max weight, token 0 excluded": t ** -p,
+                            "mean top-5 weight": 0.5 * t ** -p, "weight on token 0": 0.1})
+              for h, p in enumerate(exponents)]
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_loglog_slope():
+    t = pd.Index([2.0, 4.0, 8.0, 16.0, 32.0])
+    assert V.loglog_slope(pd.Series(3 / t, index=t), 2) == pytest.approx(-1)
+    assert V.loglog_slope(pd.Series(t ** -0.5, index=t), 8) == pytest.approx(-0.5)
+    assert math.isnan(V.loglog_slope(pd.Series(1 / t, index=t), 32))
+    assert V.fit_start(1024) == 16 and V.fit_start(24) == 6 and V.fit_start(4) == 2
+
+
+@pytest.mark.parametrize("p, verdict", [(1.0, "reproduced"), (0.3, "partly reproduced"), (0.05, "not reproduced")])
+def test_decay_of_a_power_law_is_recovered_and_judged(p, verdict):
+    rows = power_rows(512, [p, p])
+    by_t, binned = V.decay_curves(rows)
+    assert by_t.index.min() == 2 and len(binned) <= 40
+    f = V.decay_facts(rows, binned)
+    assert f["m_slope_nosink"] == pytest.approx(-p, abs=0.02) and f["m_slope_top5"] == pytest.approx(-p, abs=0.02)
+    assert f["m_sink_share"] == pytest.approx(0.1) and f["m_tmin"] == 16
+    assert claims.judge("ch1-vanishing-model", model="m", slope=f["m_slope_nosink"], slope_with_token0=-p,
+                        heads=2, t_min=16, L=512).verdict == verdict
+    assert V.plot_decay(by_t, binned, f["m_slope_nosink"], "m").axes
+
+
+def test_head_slopes_and_classes():
+    rows = power_rows(256, [1.0, 0.35, 0.0, 0.8])
+    slopes = V.head_slopes(rows)
+    assert slopes.shape == (4, 2)
+    assert slopes["token 0 excluded"].to_numpy() == pytest.approx([-1.0, -0.35, 0.0, -0.8], abs=0.03)
+    classes = V.head_classes(slopes)
+    assert classes.loc["decays ~1/t", "token 0 included"] == pytest.approx(50)
+    assert classes.loc["in between", "token 0 included"] == pytest.approx(25)
+    assert classes.loc["O(1)", "token 0 excluded"] == pytest.approx(25)
+    assert V.plot_head_slopes(slopes, 16, "m").axes
+
+
+# --- the ledger's rules -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("slope, verdict", [(-1.2, "reproduced"), (-0.5, "reproduced"), (-1.21, "not reproduced"),
+                                            (-0.49, "partly reproduced"), (-0.2, "partly reproduced"),
+                                            (-0.19, "not reproduced"), (float("nan"), "not reproduced")])
+def test_vanishing_rule_matches_the_chapters_thresholds(slope, verdict):
+    assert claims.judge("ch1-vanishing-model", model="m", slope=slope, slope_with_token0=0, heads=1, t_min=2,
+                        L=8).verdict == verdict
+
+
+@pytest.mark.parametrize("key, extra", [
+    ("ch1-lemma1-synthetic", dict(rows=10, functions=5, L_min=2, L_max=8, tightest=0.9)),
+    ("ch1-corollary1-synthetic", dict(rows=10, tightest=0.9, mean_reading_violations=3)),
+    ("ch1-corollary1-model", dict(weights=10, layers=1, heads=1, L=4, tight_upper=0.1, tight_lower=0.1)),
+])
+def test_bound_claims_hold_only_without_violations(key, extra):
+    assert claims.judge(key, model="m", violations=0, **extra).verdict == "holds"
+    assert claims.judge(key, model="m", violations=1, **extra).verdict == "fails"

@@ -1,0 +1,251 @@
+"""Every ``make`` and ``attn-companion`` command that README.md, book/rerun.md and book/teachers.md show works.
+
+The commands are read from the pages themselves (code blocks and inline code). Each one's runs, the (notebook,
+parameters) pairs it executes, pass the preflight with the parameters as documented. Then every run executes with L
+scaled to 64 and model gpt2-random, the other parameters as documented over the small build of tests/test_book.py;
+a run identical to one of that build (which test_book.py executes) or to another run is executed once. A chapter of
+the course that ``attn-companion student`` writes is executed by grading its unsolved released copy, as ``attn-companion
+grade`` does.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import shlex
+import shutil
+from pathlib import Path
+from typing import NamedTuple
+
+import nbformat
+import pytest
+
+from attn_utils import cli
+from attn_utils.book import build, sweep
+from attn_utils.classroom import exercises, grading, student
+from test_book import SMALL
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ("README.md", "book/rerun.md", "book/teachers.md")
+FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.M | re.S)
+INLINE = re.compile(r"`([^`]+)`")
+SCALED = {"model": "gpt2-random", "L": 64}
+
+
+class Command(NamedTuple):
+    doc: str
+    shown: str
+    argv: tuple[str, ...]  # attn-companion's arguments; () for a make target that runs no notebook
+
+
+class Run(NamedTuple):
+    kind: str  # "notebook" (a source in notebooks/) or "student copy" (graded as a submission)
+    notebook: str
+    parameters: str  # JSON, sorted keys
+
+    @property
+    def values(self) -> dict:
+        return json.loads(self.parameters)
+
+
+def _run(kind: str, notebook: str, parameters: dict) -> Run:
+    """The run of ``notebook`` with those of ``parameters`` that it declares and that differ from its defaults."""
+    declared = build.notebook_parameters(build.NOTEBOOK_DIR / f"{notebook}.py")
+    own = {k: v for k, v in parameters.items() if k in declared and v != declared[k]}
+    return Run(kind, notebook, json.dumps(own, sort_keys=True))
+
+
+def code_lines(markdown: str) -> list[str]:
+    """The lines of the code blocks (``\\`` continuations joined) and the inline code spans of a markdown text."""
+    lines = [line for block in FENCE.findall(markdown) for line in block.replace("\\\n", " ").splitlines()]
+    return lines + [" ".join(span.split()) for span in INLINE.findall(FENCE.sub("", markdown))]
+
+
+def to_argv(line: str) -> tuple[str, ...] | None:
+    """``attn-companion``'s arguments for a shell line that runs it or ``make`` (``make book PARAMS=...`` runs
+    ``attn-companion book --params ...``; other make targets run no notebook: ``()``); None for any other line."""
+    try:
+        words = shlex.split(line, comments=True)
+    except ValueError:
+        return None
+    if words[:1] == ["make"]:
+        assignments = dict(w.split("=", 1) for w in words[1:] if "=" in w)
+        return ("book", "--params", assignments.get("PARAMS", "")) if "book" in words[1:] else ()
+    program = next((i for i, w in enumerate(words) if Path(w).name == "attn-companion"), None)
+    return None if program is None else tuple(words[program + 1:])
+
+
+def documented_commands() -> list[Command]:
+    """Every make / attn-companion command of :data:`DOCS`, in the order shown (a repeated one once)."""
+    found: dict[tuple[str, ...], Command] = {}
+    for doc in DOCS:
+        for line in code_lines((ROOT / doc).read_text()):
+            argv = to_argv(line)
+            if argv is not None:
+                found.setdefault(argv if argv else (line,), Command(doc, line.split("#")[0].strip(), argv))
+    return list(found.values())
+
+
+def runs_of(command: Command) -> list[Run]:
+    """The runs a command makes, with its parameters as documented."""
+    if not command.argv:
+        return []
+    args = cli.parser().parse_args(command.argv)
+    if args.command == "book":
+        parameters = {**cli._params_line(args.params), **cli._parameters(args.parameter)}
+        return [_run("notebook", nb.stem, parameters) for nb in build.book_notebooks()]
+    if args.command == "run":
+        return [_run("notebook", build.resolve_notebook(args.notebook).stem, cli._parameters(args.parameter))]
+    if args.command == "sweep":
+        grid = cli._parameters(args.parameter, multi=True)
+        names = sorted(grid)
+        combos = [dict(zip(names, values)) for values in itertools.product(*(grid[n] for n in names))]
+        return [_run("notebook", build.resolve_notebook(args.notebook).stem, c) for c in combos]
+    if args.command == "student":  # the course's notebooks, run as nbgrader grades them
+        stems = [build.resolve_notebook(n).stem for n in args.notebooks] or exercises.exercise_notebooks()
+        return [_run("student copy", s, cli._parameters(args.parameter)) for s in stems]
+    if args.command == "grade":  # the notebooks of a course, with the parameters it was written with
+        return [_run("student copy", s, {}) for s in exercises.exercise_notebooks()]
+    return []  # params, corpus: no notebook runs
+
+
+def scaled(run: Run) -> Run:
+    """The run with L = 64 and model gpt2-random, a notebook's other parameters over the small build's."""
+    base = SMALL if run.kind == "notebook" else {}
+    return _run(run.kind, run.notebook, {**base, **run.values, **SCALED})
+
+
+def executions(commands: list[Command]) -> dict[Run, list[str]]:
+    """The distinct scaled runs of ``commands`` that the small build does not make, with the commands that make
+    them."""
+    small = {_run("notebook", nb.stem, SMALL) for nb in build.book_notebooks()}
+    todo: dict[Run, list[str]] = {}
+    for command in commands:
+        for run in map(scaled, runs_of(command)):
+            if run not in small:
+                todo.setdefault(run, []).append(command.shown)
+    return todo
+
+
+# --- reading the commands -------------------------------------------------------------------------------------
+
+PAGE = '''\
+Build it:
+
+```bash
+make book PARAMS="L=512 seed=1"   # a comment
+.venv/bin/attn-companion grade subs/*/*.ipynb --out g.csv \\
+    -p model gpt2-random -p L 64
+pip install -e .
+```
+
+Or name them, e.g. `attn-companion student --out handout/
+ch1_vanishing ch4_gradient`; see `-p NAME VALUE` and `make test`.
+'''
+
+
+def test_commands_are_read_from_code_blocks_and_inline_code():
+    argvs = [to_argv(line) for line in code_lines(PAGE)]
+    assert [a for a in argvs if a is not None] == [
+        ("book", "--params", "L=512 seed=1"),
+        ("grade", "subs/*/*.ipynb", "--out", "g.csv", "-p", "model", "gpt2-random", "-p", "L", "64"),
+        ("student", "--out", "handout/", "ch1_vanishing", "ch4_gradient"),
+        (),  # make test: no notebook
+    ]
+
+
+def test_the_pages_show_the_commands_this_test_knows():
+    shown = {c.argv for c in documented_commands()}
+    for argv in [("book", "--params", "L=512 seed=1"), ("book", "--params", "model=gpt2 L=512 seed=3"),
+                 ("run", "ch2_distance", "-p", "N", "10", "-p", "L", "512"),
+                 ("sweep", "ch4_gradient", "-p", "logit_scale", "raw,model", "-p", "seed", "0,1", "--jobs", "2")]:
+        assert argv in shown
+    assert {a[0] for a in shown if a} >= {"book", "run", "sweep", "params", "student", "grade"}
+    for command in documented_commands():  # every one is a valid command line
+        if command.argv:
+            cli.parser().parse_args(command.argv)
+
+
+def test_runs_are_scaled_and_deduplicated():
+    sweep_ch2 = Command("x", "", ("sweep", "ch2_distance", "-p", "N", "5,10,20", "--jobs", "2"))
+    run_ch2 = Command("x", "", ("run", "ch2_distance", "-p", "N", "10", "-p", "L", "512"))
+    book = Command("x", "", ("book", "--params", "model=gpt2 L=512"))
+    assert [r.values.get("N") for r in runs_of(sweep_ch2)] == [None, 10, 20]  # N = 5: ch2's default
+    todo = executions([sweep_ch2, run_ch2, book])
+    # so the first run of the sweep is the small build's, and so is every notebook of the book here
+    assert sorted(r.values["N"] for r in todo) == [10, 20] and {r.notebook for r in todo} == {"ch2_distance"}
+    ten = _run("notebook", "ch2_distance", {**SMALL, "N": 10, **SCALED})
+    assert ten in todo and ten.values["L"] == 64 and ten.values["lengths"] == SMALL["lengths"]
+    assert todo[ten] == ["", ""]  # made by the sweep and by the run
+    teach = executions([Command("x", "", ("student", "--out", "c", "ch1_vanishing", "-p", "L", "100")),
+                        Command("y", "", ("grade", "--course", "c", "s/a.ipynb"))])
+    assert teach[_run("student copy", "ch1_vanishing", SCALED)] == ["", ""]
+    assert set(teach) == {_run("student copy", s, SCALED) for s in exercises.exercise_notebooks()}
+
+
+# --- the preflight, as documented ------------------------------------------------------------------------------
+
+def _as_documented(run: Run) -> dict:
+    """The documented parameters; a hub model becomes gpt2-random (same context and tokenizer: no network here)."""
+    values = run.values
+    if values.get("model", "auto") not in ("auto", "gpt2-random", "smollm2-135m"):
+        values["model"] = "gpt2-random"
+    return values
+
+
+def _preflight(runs: list[Run]) -> None:
+    build.preflight([(build.NOTEBOOK_DIR / f"{r.notebook}.py", _as_documented(r)) for r in runs])
+
+
+def test_documented_parameters_pass_the_preflight():
+    """One preflight for the distinct runs of all the commands (the model and the corpus are read once); on a
+    failure, the commands that fail are named."""
+    commands = documented_commands()
+    try:
+        _preflight(list(dict.fromkeys(r for c in commands for r in runs_of(c))))
+    except ValueError as err:
+        failing = []
+        for command in commands:
+            try:
+                _preflight(runs_of(command))
+            except ValueError as again:
+                failing.append(f"{command.shown} ({command.doc}): {again}")
+        pytest.fail(f"{err}\ndocumented commands that fail:\n" + "\n".join(failing))
+
+
+@pytest.mark.parametrize("command", [c for c in documented_commands()
+                                     if c.argv[:1] == ("params",) or c.argv == ("corpus",)], ids=lambda c: c.shown)
+def test_documented_commands_that_run_no_notebook(command, capsys):
+    assert cli.main(list(command.argv)) == 0
+
+
+# --- the executions ---------------------------------------------------------------------------------------------
+
+TODO = executions(documented_commands())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("run", list(TODO), ids=lambda r: f"{r.kind}:{r.notebook}:{r.parameters}")
+def test_documented_run_executes(run, tmp_path):
+    made_by = "; ".join(TODO[run])
+    if run.kind == "notebook":
+        try:
+            sweep.run_one(build.NOTEBOOK_DIR / f"{run.notebook}.py", run.values, tmp_path, progress=False)
+        except build.NotebookFailed as err:
+            pytest.fail(f"{err} (run by: {made_by})")
+        return
+    course = tmp_path / "course"
+    (released,) = student.write_course(course, [run.notebook], run.values)
+    submission = tmp_path / "submissions" / "alice" / released.name
+    submission.parent.mkdir(parents=True)
+    shutil.copy(released, submission)
+    (row,) = grading.grade(course, [submission], tmp_path / "grades.csv")
+    assert row.status == "graded", f"{row.feedback} (run by: {made_by})"
+    graded = nbformat.read(course / "autograded" / row.student_id / run.notebook / released.name, as_version=4)
+    errors = [(cell.metadata.get("nbgrader", {}), out) for cell in graded.cells for out in cell.get("outputs", [])
+              if out.output_type == "error"]
+    # an unsolved copy runs to the end: only the test cells fail, on the stubs' NotImplementedError
+    assert errors, f"no test cell failed (run by: {made_by})"
+    for meta, out in errors:
+        assert meta.get("grade") and out.ename == "NotImplementedError", \
+            f"{meta.get('grade_id', 'a chapter cell')}: {out.ename}: {out.evalue} (run by: {made_by})"

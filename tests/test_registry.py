@@ -1,0 +1,65 @@
+"""Every normalizer record (attn_utils.mathematics.registry) against independent oracles.
+
+A new record is tested here without writing anything: its closed-form Jacobian against autograd, its
+Jacobian-vector product against the matrix, its Lemma 1 envelope on random rows, and its kind of rows."""
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from attn_utils.mathematics import lenses, registry
+from attn_utils.mathematics.normalizers import causal_mask
+
+COMPARED = registry.COMPARED
+
+
+def _logits(seed: int, L: int, scale: float) -> torch.Tensor:
+    return torch.randn(3, L, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * scale
+
+
+@pytest.mark.parametrize("name", COMPARED)
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), L=st.integers(1, 7), scale=st.sampled_from([0.3, 1.0, 4.0]),
+       T=st.sampled_from([0.5, 1.0, 2.0]), masked=st.booleans())
+def test_closed_form_jacobian_is_autograds(name, seed, L, scale, T, masked):
+    record = registry.get(name)
+    l = _logits(seed, L, scale)
+    mask = causal_mask(L)[-3:] if masked and L >= 3 else None
+    kw = record.keywords(T=T, s=1.3)
+    J = lenses.jacobian(l, name, mask=mask, **kw)
+    for r in range(l.shape[0]):
+        row_mask = None if mask is None else mask[r:r + 1]
+        auto = torch.autograd.functional.jacobian(lambda z: record.fn(z.unsqueeze(0), mask=row_mask, **kw)[0], l[r])
+        torch.testing.assert_close(J[r], auto, rtol=1e-9, atol=1e-12)
+    v = torch.randn_like(l)
+    v = v if mask is None else torch.where(mask, v, 0.0)
+    torch.testing.assert_close(lenses.jvp(l, v, name, mask=mask, **kw), (J @ v.unsqueeze(-1)).squeeze(-1),
+                               rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", COMPARED)
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), L=st.integers(1, 40), a=st.sampled_from([0.1, 0.5, 1.0, 2.0]),
+       T=st.sampled_from([0.5, 1.0, 3.0]))
+def test_envelope_holds_and_kind_is_right(name, seed, L, a, T):
+    record = registry.get(name)
+    l = (torch.rand(4, L, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 2 - 1) * a
+    w = record.fn(l, **record.keywords(T=T, s=1.0))
+    low, high = lenses.lemma1_envelope(name, a, L, T=T, s=1.0)
+    assert (w.abs() >= low * (1 - 1e-9)).all() and (w.abs() <= high * (1 + 1e-9) + 1e-15).all()
+    mass = w.sum(-1)
+    if record.kind == "distribution":
+        assert (w >= 0).all() and torch.allclose(mass, torch.ones_like(mass))
+    elif record.kind == "sub-distribution":
+        assert (w >= 0).all() and (mass <= 1 + 1e-12).all()
+
+
+def test_unknown_names_and_missing_parts_are_errors_everywhere():
+    for call in (lambda: registry.get("softmax2"), lambda: lenses.lemma1_envelope("softmax2", 1.0, 4),
+                 lambda: lenses.jacobian(torch.zeros(1, 3), "softmax2")):
+        with pytest.raises(ValueError, match="unknown normalizer 'softmax2'"):
+            call()
+    with pytest.raises(ValueError, match="has no envelope"):
+        lenses.lemma1_envelope("general", 1.0, 4)
+    assert registry.get("ssmax").keywords(T=2.0, s=1.5, eps=3) == {"T": 2.0, "s": 1.5}
+    assert set(registry.KINDS) >= {r.kind for r in registry.RECORDS}
+    assert len({r.label for r in registry.RECORDS}) == len(registry.RECORDS)
