@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import reference as ref
 import torch
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import chi2_contingency
 

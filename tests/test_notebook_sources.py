@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import jupytext
 import nbformat
@@ -64,7 +63,7 @@ def test_notebook_itself_rejects_invalid_parameter(tmp_path):
     with pytest.raises(papermill.PapermillExecutionError) as err:
         papermill.execute_notebook(str(nb_in), str(tmp_path / "out.ipynb"), parameters={"L": -5},
                                    kernel_name="python3", progress_bar=False, cwd=str(src.parent))
-    assert err.value.ename == "ValueError" and "parameter L must be" in err.value.evalue
+    assert err.value.ename == "ParameterError" and "parameter L must be" in err.value.evalue  # a ValueError
     executed = nbformat.read(tmp_path / "out.ipynb", as_version=4)
     code = [c for c in executed.cells if c.cell_type == "code"]
     failing = next(i for i, c in enumerate(code) if any(o.get("output_type") == "error" for o in c.outputs))

@@ -1,5 +1,6 @@
 """Parameters that fit together: the rules between them, ``attn-companion params``, and the preflight that refuses
-a bad model, a window beyond the model's context or a corpus too short for it in seconds, before any notebook runs."""
+a bad model, a window beyond the model's context or a corpus too short for it in seconds, before any notebook runs
+(or, for ``attn-companion student``, before the course is written)."""
 from __future__ import annotations
 
 import re
@@ -189,16 +190,13 @@ def test_book_preflight_leaves_no_trace(notebook, tmp_path, no_notebook_runs):
     assert not (tmp_path / "site").exists()
 
 
-def test_student_and_grade_check_before_writing_or_running(tmp_path, capsys, no_notebook_runs):
-    handout = tmp_path / "handout"
-    _fails_fast(["student", "--out", str(handout), "-p", "model", "gpt2-random", "-p", "L", "100000"], capsys,
+def test_student_checks_before_writing(tmp_path, capsys, no_notebook_runs):
+    course = tmp_path / "course"
+    _fails_fast(["student", "--out", str(course), "-p", "model", "gpt2-random", "-p", "L", "100000"], capsys,
                 "parameter L must be at most the model's context of 1024 tokens, got 100000")
-    assert not handout.exists()
-    submission = tmp_path / "alice.ipynb"
-    submission.write_text("{}")
-    _fails_fast(["grade", str(submission), "--out", str(tmp_path / "grades.csv"), "-p", "model", "gtp2"], capsys,
+    _fails_fast(["student", "--out", str(course), "ch1_vanishing", "-p", "model", "gtp2"], capsys,
                 "unknown model 'gtp2'")
-    assert not (tmp_path / "grades.csv").exists()
+    assert not course.exists()
 
 
 def test_preflight_returns_the_values_each_run_uses(notebook, capsys):
