@@ -198,7 +198,7 @@ def execute_notebook(src: Path, out: Path, parameters: dict[str, Any] | None = N
     nb = jupytext.read(src)
     nb.metadata.setdefault("kernelspec", {"name": "python3", "display_name": "Python 3", "language": "python"})
     env = {runlog.NOTEBOOK_ENV: src.stem, **({runlog.RUN_DIR_ENV: str(run_dir)} if run_dir is not None else {})}
-    with tempfile.TemporaryDirectory() as tmp, _environment(env):
+    with tempfile.TemporaryDirectory() as tmp, environment(env):
         nb_in = Path(tmp) / f"{src.stem}.ipynb"
         nbformat.write(nb, nb_in)
         start = time.perf_counter()
@@ -212,7 +212,7 @@ def execute_notebook(src: Path, out: Path, parameters: dict[str, Any] | None = N
 
 
 @contextmanager
-def _environment(values: dict[str, str]):
+def environment(values: dict[str, str]):
     """Set environment variables (inherited by the kernel) for the duration of a block."""
     saved = {k: os.environ.get(k) for k in values}
     os.environ.update(values)

@@ -37,6 +37,9 @@ from nbgrader import utils as nbutils
 from nbgrader.preprocessors import Execute
 from traitlets import Integer
 
+from attn_utils.book import runlog
+from attn_utils.book.build import environment
+
 __all__ = ["CONFIG_FILE", "COURSE_ID", "GuardedExecute", "MARKER", "course_api", "is_course", "nbgrader_env",
            "write_config"]
 
@@ -243,24 +246,14 @@ def nbgrader_env(run_dir: Path | None = None) -> Iterator[None]:
     """The environment nbgrader needs in this process: the interpreter's ``bin`` on ``PATH`` (nbgrader runs
     the ``alembic`` command when it creates a gradebook), quiet SQLAlchemy warnings, and the kernels'
     run records in ``run_dir``."""
-    from attn_utils.book import runlog
-
-    saved = {k: os.environ.get(k) for k in ("PATH", runlog.RUN_DIR_ENV)}
-    os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), saved["PATH"] or ""])
+    values = {"PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
     if run_dir is not None:
-        os.environ[runlog.RUN_DIR_ENV] = str(run_dir)
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", module="nbgrader")
-            warnings.filterwarnings("ignore", message=".*not in session.*")
-            warnings.filterwarnings("ignore", message=".*is not able to be represented.*")  # glue's records in HTML
-            yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        values[runlog.RUN_DIR_ENV] = str(run_dir)
+    with environment(values), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", module="nbgrader")
+        warnings.filterwarnings("ignore", message=".*not in session.*")
+        warnings.filterwarnings("ignore", message=".*is not able to be represented.*")  # glue's records in HTML
+        yield
 
 
 def course_api(course: Path, *, timeout: float | None = None):
