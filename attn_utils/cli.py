@@ -2,7 +2,8 @@
 
     attn-companion book [-p NAME VALUE ...] [--params "NAME=VALUE ..."]   execute every notebook, build _build/html
     attn-companion run NOTEBOOK [-p NAME VALUE ...]         execute one notebook into runs/
-    attn-companion sweep NOTEBOOK -p NAME v1,v2 ... [--jobs K]   every combination, in parallel
+    attn-companion sweep NOTEBOOK -p NAME v1,v2 ... [--workers K | --scheduler ADDRESS] [--force]
+                                                            every combination, on a Dask cluster; a table and an index
     attn-companion params [NOTEBOOK]                        list the parameters and what they accept
     attn-companion student --out COURSE [NOTEBOOK ...] [-p NAME VALUE ...] [--time-limit S] [--exercises-only]
                                                             an nbgrader course of the exercises
@@ -121,10 +122,25 @@ def parser() -> argparse.ArgumentParser:
     p_run.add_argument("notebook")
     p_run.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"))
     p_run.add_argument("--out", type=Path, default=Path("runs"), help="output folder (default runs/)")
-    p_sweep = sub.add_parser("sweep", help="execute one notebook over every combination of parameter values")
+    p_sweep = sub.add_parser("sweep", help="execute one notebook over every combination of parameter values, one Dask "
+                                           "task per combination",
+                             description="Execute NOTEBOOK for every combination of the values given with -p, one "
+                                         "dask.distributed task per combination: on a local cluster of worker "
+                                         "processes, or on the running cluster of --scheduler. Each result is "
+                                         "written to OUT/NOTEBOOK/<combination>/ as it arrives; a combination whose "
+                                         "folder says ok is skipped. OUT/NOTEBOOK/ gets results.parquet and "
+                                         "results.csv (one row per combination and ledger claim) and index.html "
+                                         "(the verdicts and the headline numbers compared).")
     p_sweep.add_argument("notebook")
-    p_sweep.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "V1,V2,..."))
-    p_sweep.add_argument("--jobs", type=int, default=1, help="notebooks executed at once (default 1)")
+    p_sweep.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "V1,V2,..."),
+                         help="a parameter and its values, separated by commas (repeat for more parameters)")
+    p_sweep.add_argument("--workers", dest="workers", type=int, default=None, metavar="K",
+                         help="worker processes of the local cluster, one thread each (default min(2, cores))")
+    p_sweep.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                         help="the address of a running Dask scheduler (tcp://HOST:8786) to send the tasks to, "
+                              "instead of a local cluster")
+    p_sweep.add_argument("--force", action="store_true",
+                         help="run again the combinations that already finished (default: skip them)")
     p_sweep.add_argument("--out", type=Path, default=Path("runs"), help="output folder (default runs/)")
     p_params = sub.add_parser("params", help="list the notebooks' parameters, what they accept, the rules between them")
     p_params.add_argument("notebook", nargs="?")
@@ -171,8 +187,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"executed notebook: {out}")
         elif args.command == "sweep":
             src = build.resolve_notebook(args.notebook)
-            index = sweep.sweep(src, _parameters(args.parameter, multi=True), args.out, jobs=args.jobs)
-            print(f"sweep index: {index}")
+            index = sweep.sweep(src, _parameters(args.parameter, multi=True), args.out, workers=args.workers,
+                                scheduler=args.scheduler, force=args.force)
+            print(f"sweep index: {index}\ntable: {index.parent / 'results.parquet'} (and results.csv)")
         elif args.command == "student":
             if not args.exercises_only:  # notebooks of exercises only run no chapter code
                 _preflight_exercises(args.notebooks, _parameters(args.parameter))
@@ -190,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"attn-companion {args.command}: error: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ValueError) else 1
     except KeyboardInterrupt:
-        kept = f"; the previous book in {args.out} is kept" if args.command == "book" else ""
+        kept = {"book": f"; the previous book in {args.out} is kept",
+                "sweep": f"; the finished runs in {args.out} are kept (a re-run skips them)"}.get(args.command, "")
         print(f"\nattn-companion {args.command}: interrupted{kept}", file=sys.stderr)
         return 130
     finally:

@@ -61,21 +61,16 @@ Ns = validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L,
               vectors=vectors, sigmas=sigmas, n_trials=n_trials).Ns  # values of Ns not below L are dropped
 
 # %% tags=["hide-input"]
-import time
-
-import matplotlib.pyplot as plt
-import pandas as pd
 import torch
 
 from attn_utils.book import claims, figures, runlog
 from attn_utils.book.chapters import separability
-from attn_utils.book.formatting import glue_values
+from attn_utils.book.formatting import glue_values, table
 from attn_utils.book.session import VECTOR_FIELD, Session
 from attn_utils.mathematics import algorithms, metrics, theory
 
 figures.set_style()
 F64 = torch.float64
-_t_start = time.time()
 
 # %% [markdown]
 # ## Selected tokens, the context vector and the selective ball
@@ -137,24 +132,51 @@ _t_start = time.time()
 # $d=2$), softmax weights of logits drawn from $N(0,$ {glue:text}`fig1_sigma`$^2)$, and the top
 # {glue:text}`fig1_N` tokens selected.
 
-# %%
+# %% tags=["hide-input"]
 fig1 = separability.figure1_instance(seed, L=12, N=4, sigma=1.5, M=M)  # tokens, top-N size, logit scale
-separability.draw_figure1(fig1)
-plt.show()
+figures.glue_figure("fig_ch3_figure1_rescaling", separability.draw_figure1_rescaling(fig1))
+figures.glue_figure("fig_ch3_figure1_ball", separability.draw_figure1_ball(fig1))
 
 # %% tags=["remove-cell"]
 glue_values({"fig1_L": fig1.L, "fig1_N": fig1.N, "fig1_sigma": fig1.sigma, "fig1_Ns": int(fig1.inside.sum()),
              "fig1_ratio": fig1.ratio, "fig1_r": fig1.r, "fig1_top_weight": fig1.weights.max()})
 
 # %% [markdown]
-# **Figure 1 (our data).** (a) The {glue:text}`fig1_L` tokens on the circle; magenta stars are the top
-# {glue:text}`fig1_N` by weight. (b) Each point is multiplied by its weight (the largest is
-# {glue:text}`fig1_top_weight`), so every point moves toward the origin, the low-weight ones almost all
-# the way. (c) The ball around $s$ whose radius $r=$ {glue:text}`fig1_r` reaches the nearest
-# non-selected point (green segment): {glue:text}`fig1_Ns` of the {glue:text}`fig1_N` selected points
-# lie strictly inside, so $N_s/N=$ {glue:text}`fig1_ratio`. A selected point falls outside when the
-# *other* selected tokens pull $s$ away from it, that is when $X_i$ is large. Synthetic data, no
-# model; change `seed` to draw another instance.
+# ```{glue:figure} fig_ch3_figure1_rescaling
+# ---
+# name: fig-ch3-figure1-rescaling
+# alt: >-
+#   Two square panels of points in the plane. Left, twelve points on a circle, four of them drawn as magenta
+#   stars and the rest as black dots. Right, the same points shrunk toward the origin, with grey arrows from each
+#   point to its rescaled position.
+# ---
+# **The paper's Figure 1, left and middle panels, redrawn from our own random instance** (synthetic data, no
+# model). (a) The {glue:text}`fig1_L` tokens on the circle of radius $M$; magenta stars mark the top
+# {glue:text}`fig1_N` by weight. (b) Each point multiplied by its weight (the largest weight is
+# {glue:text}`fig1_top_weight`): look at how every point slides toward the origin, the low-weight ones almost all
+# the way, so that even the selected points end up close together. The paper draws the same two steps for its
+# own example, with the same symbols: tokens on a circle, then attended (magenta stars) and non-attended (black
+# dots) points pulled toward the origin by the scaling.
+# ```
+#
+# ```{glue:figure} fig_ch3_figure1_ball
+# ---
+# name: fig-ch3-figure1-ball
+# alt: >-
+#   One square panel zoomed on the rescaled points near the origin, with a shaded disc centred on a blue cross,
+#   a green segment from the cross to the nearest black dot, magenta stars inside the disc circled in green and
+#   hollow magenta stars outside it.
+# ---
+# **The paper's Figure 1, right panel, redrawn** (synthetic data, no model). (c) The ball around the context vector
+# $s$ (blue cross) whose radius $r=$ {glue:text}`fig1_r` reaches the nearest non-selected point (green segment).
+# Look at which stars are circled: {glue:text}`fig1_Ns` of the {glue:text}`fig1_N` selected points lie strictly
+# inside, so $N_s/N=$ {glue:text}`fig1_ratio`; a hollow star is a selected point that the *other* selected tokens
+# pulled $s$ away from ($X_i$ large). The paper's right panel shades the same ball and calls the selected points
+# inside it distinguishable; change `seed` to draw another instance.
+# ```
+#
+# {numref}`fig-ch3-figure1-rescaling` and {numref}`fig-ch3-figure1-ball` follow the three panels of the paper's
+# illustration, split in two so that each stays readable.
 
 # %% [markdown]
 # ## Assumptions 1–2
@@ -282,12 +304,10 @@ glue_values({"fig1_L": fig1.L, "fig1_N": fig1.N, "fig1_sigma": fig1.sigma, "fig1
 
 # %%
 cx = separability.counterexample()
-cx_row = {k: cx[k] for k in ("N", "L", "d", "delta", "r", "max_X", "min_xi", "ratio", "upper", "lower")}
-pd.Series(cx_row, name="counterexample").rename({"max_X": "max X_i", "min_xi": "min xi_i", "ratio": "measured N_s/N",
-                                                 "upper": "'upper bound'", "lower": "lower bound"}).to_frame()
+table(separability.counterexample_table(cx), digits=4, caption="The counterexample to the 'upper bound'")
 
 # %% tags=["remove-cell"]
-glue_values({f"cx_{k}": v for k, v in cx_row.items()})
+glue_values({f"cx_{k}": cx[k] for k in separability.COUNTEREXAMPLE_ROWS})
 glue_values({"cx_compare": "below the measured value" if cx["fails"] else "not below the measured value"})
 claims.record("ch3-thm2-upper-counterexample", model="synthetic", **{k: cx[k] for k in (
     "N", "d", "M", "ratio", "upper", "r", "max_X", "min_xi")})
@@ -315,11 +335,10 @@ claims.record("ch3-thm2-upper-counterexample", model="synthetic", **{k: cx[k] fo
 
 # %%
 syn = separability.synthetic_rows(L, Ns, sigmas, n_trials, M=M, seed=seed)
-separability.synthetic_table(syn).round(4)
+table(separability.synthetic_table(syn), caption="Theorem 2 on random spheres, per σ and N (means over rows)")
 
-# %%
-separability.draw_synthetic(syn, L)
-plt.show()
+# %% tags=["hide-input"]
+figures.glue_figure("fig_ch3_synthetic", separability.draw_synthetic(syn, L))
 
 # %% tags=["remove-cell"]
 syn_s = separability.synthetic_summary(syn)
@@ -339,8 +358,22 @@ claims.record("ch3-thm2-upper-synthetic", model="synthetic", violations=syn_s["u
               rows=syn_s["rows"], share=syn_s["upper_share"], excess=syn_s["upper_excess"])
 
 # %% [markdown]
-# **Synthetic results** ({glue:text}`syn_rows` rows from {glue:text}`syn_instances` instances; the
-# figure shows means over rows, the table above the per-$(\sigma,N)$ counts). The deterministic fact
+# ```{glue:figure} fig_ch3_synthetic
+# ---
+# name: fig-ch3-synthetic
+# alt: >-
+#   Two line plots against the top-N size N on a base-2 logarithmic axis, one colour per logit scale sigma.
+#   Left, the measured separability fraction (solid) and the exponential upper bound (dashed); right, the proven
+#   lower bound (dotted) with a horizontal line at zero.
+# ---
+# **Theorem 2 on random spheres** (synthetic data, no model): means over rows of the measured $N_s/N$ and of both
+# reconstructed bounds, one colour per $\sigma$. Look at (a): wherever a dashed curve runs below the solid curve
+# of the same colour, the "upper bound" fails on average; and at (b): below the zero line the lower bound says
+# nothing.
+# ```
+#
+# **Synthetic results** ({glue:text}`syn_rows` rows from {glue:text}`syn_instances` instances;
+# {numref}`fig-ch3-synthetic` shows means over rows, the table above the per-$(\sigma,N)$ counts). The deterministic fact
 # $X_i\le\xi_i$ of {prf:ref}`the spread lemma <ch3-lem-xi>` is violated in
 # {glue:text}`syn_xi_violations` rows (largest $X_i-\xi_i$ = {glue:text}`syn_max_xi_gap`, rounding),
 # and the proven lower bound in {glue:text}`syn_lower_violations` rows. The lower bound is, however,
@@ -375,10 +408,18 @@ captured = session.capture(what=("weights", VECTOR_FIELD[vectors]))
 x_model = session.vectors(captured, vectors)                 # (layers, heads, L, d_head)
 with runlog.timing("Algorithm 4"):  # the reproducibility chapter sets this time beside the paper's Table 1
     sep = algorithms.separability_vs_n(captured.weights, x_model, Ns=Ns, M=M, progress=False)
-sep.groupby("N")[["separability", "lower", "upper"]].describe().loc[
-    :, (slice(None), ["min", "50%", "max"])].round(3)
+table(separability.per_n_table(sep), caption=f"Per-head mean Nₛ/N over the heads of {session.name}, per N")
+
+# %% tags=["remove-cell"]
+recorded = {r["algorithm"]: r["seconds"] for r in runlog.read("timings") if r["notebook"] == runlog.notebook()}
+glue_values({"alg4_seconds": recorded["Algorithm 4"]})
 
 # %% [markdown]
+# Each row of the table summarizes the heads at one $N$: the per-head means of $N_s/N$ (smallest, median,
+# largest) and the means over heads of both bounds. Algorithm 4 took {glue:text}`alg4_seconds` s in this run
+# (every head, every $N$ of the grid; the time recorded for the run, which {doc}`ch5_reproducibility` sets beside
+# the paper's Table 1).
+#
 # ### Row by row: do the bounds hold on the model?
 #
 # Algorithm 4 returns per-head means. The lower bound is a statement about every single row, so we also
@@ -389,23 +430,19 @@ sep.groupby("N")[["separability", "lower", "upper"]].describe().loc[
 # %%
 rowwise = separability.model_rowwise(captured.weights, x_model, separability.head_deltas(sep), Ns, M=M,
                                      stride=separability.ROW_STRIDE)
-rowwise.groupby("N").agg(rows=("ratio", "size"), lower_violations=("lower_violated", "sum"),
-                         upper_violations=("upper_violated", "sum"))
+table(separability.rowwise_table(rowwise), caption="Theorem 2 row by row on the model")
 
 # %% [markdown]
 # ### The paper's Figure 3
 #
 # Per $N$, the distribution over heads of the per-head mean fraction, with the means over heads of both
-# bounds and the largest head:
+# bounds and the largest head ({numref}`fig-ch3-figure3`).
 
-# %%
-fig3 = separability.figure3_summary(sep)
-separability.draw_figure3(sep, session.name, vectors, M)
-plt.show()
-separability.per_n_stats(sep).round(3)
+# %% tags=["hide-input"]
+figures.glue_figure("fig_ch3_figure3", separability.draw_figure3(sep, session.name, vectors, M))
 
 # %% tags=["remove-cell"]
-rows_s = separability.rowwise_summary(rowwise)
+fig3, rows_s = separability.figure3_summary(sep), separability.rowwise_summary(rowwise)
 n_layers, n_heads, L_win = captured.weights.shape[0], captured.weights.shape[1], captured.weights.shape[-1]
 first = min(1, len(fig3["grid"]) - 1)
 glue_values({"model_name": session.name, "n_layers": n_layers, "n_heads": n_heads, "L_win": L_win,
@@ -435,14 +472,24 @@ verdicts = {
 glue_values({f"{name}_verdict": claim.verdict for name, claim in verdicts.items()})
 
 # %% [markdown]
-# **Figure 3 (ours).** Green boxes: for each $N$, the distribution over the {glue:text}`n_heads_total`
-# heads ({glue:text}`n_layers` layers × {glue:text}`n_heads` heads) of **{glue:text}`model_name`** of
-# the mean separability fraction $N_s/N$ over the rows of the head; window of {glue:text}`L_win`
-# tokens of the corpus, $x_i$ = per-head {glue:text}`vectors_used` vectors projected onto the sphere of
-# radius $M=$ {glue:text}`M_used`, $\delta$ = the minimum pairwise distance per head, attention weights
-# as the model computes them (its own logit scale). Red: the mean over heads of the exponential
-# "upper bound"; blue: the mean of the proven lower bound; black triangles: the largest head. Grey band:
-# the range the paper reports for GPT-2.
+# ```{glue:figure} fig_ch3_figure3
+# ---
+# name: fig-ch3-figure3
+# alt: >-
+#   Box plots of the per-head separability fraction against the top-N size N, one green box per N, with a
+#   red line for the mean exponential upper bound, a blue line for the mean lower bound, black triangles for the
+#   largest head and a grey horizontal band between 0.70 and 0.85.
+# ---
+# **The paper's Figure 3, measured on {glue:text}`model_name`.** Green boxes: for each $N$, the distribution over
+# the {glue:text}`n_heads_total` heads ({glue:text}`n_layers` layers × {glue:text}`n_heads` heads) of the mean
+# fraction $N_s/N$ over the rows of the head; window of {glue:text}`L_win` tokens, $x_i$ = per-head
+# {glue:text}`vectors_used` vectors projected onto the sphere of radius $M=$ {glue:text}`M_used`, $\delta$ = the
+# minimum pairwise distance per head, weights as the model computes them. Red: mean over heads of the exponential
+# "upper bound"; blue: mean of the proven lower bound; black triangles: the largest head. Look at where the boxes
+# settle against the grey band, the range the paper reports for GPT-2. The paper draws the same kind of figure:
+# green boxes of $N_s/N$ over its 144 heads against $N$, compared with both bounds, the boxes levelling off
+# inside that band after a decline up to $N\approx16$.
+# ```
 #
 # **Comparison with the paper** (its Figure 3 and the numbers of its text).
 #
@@ -482,7 +529,8 @@ glue_values({f"{name}_verdict": claim.verdict for name, claim in verdicts.items(
 coverage, H = theory.multihead_coverage(0.8, 3), theory.heads_for_coverage(0.8, 0.99)
 p_ours = min(max(fig3["plateau_median"], 1e-6), 1.0)  # our plateau median as the per-head fraction
 H_ours = theory.heads_for_coverage(p_ours, 0.99)
-separability.coverage_table({"p = 0.8": 0.8, f"p = {p_ours:.2f} (ours)": p_ours}).round(4)
+table(separability.coverage_table({"p = 0.8": 0.8, f"p = {p_ours:.2f} (ours)": p_ours}, H_max=6), digits=4,
+      caption="Coverage 1 − (1 − p)^H of H independent heads")
 
 # %% tags=["remove-cell"]
 glue_values({"cov_3": coverage, "cov_H": H, "cov_ours_p": p_ours, "cov_ours_H": H_ours})
@@ -524,16 +572,12 @@ claims.record("ch3-multihead-coverage", model="synthetic", coverage=coverage, H=
 # %%
 session.provenance_table()
 
-# %% tags=["remove-cell"]
-glue_values({"runtime": round(time.time() - _t_start)})
-
 # %% [markdown]
-# This chapter ran in {glue:text}`runtime` s after its imports.
-#
 # ## Exercises
 #
-# ```{exercise} When is the spread exact?
+# ```{exercise} ch3-ex1: When is the spread exact?
 # :label: ch3-ex1
+# :nonumber:
 #
 # Let $\|x_j\|=M$ for all $j$ and $\|x_j-x_k\|\ge\delta$ for $j\ne k$, and let $i\in I_N$.
 #
@@ -566,8 +610,9 @@ glue_values({"runtime": round(time.time() - _t_start)})
 # ```{solution-end}
 # ```
 #
-# ```{exercise} Count $N_s$ by hand
+# ```{exercise} ch3-ex2: Count $N_s$ by hand
 # :label: ch3-ex2
+# :nonumber:
 #
 # Write a function `separability_by_loop(weights_row, x, n_top)` that projects the vectors $x_i$ of
 # one row onto the unit sphere and then, with explicit Python loops over the keys, computes the top-$N$

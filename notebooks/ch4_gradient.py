@@ -21,10 +21,10 @@
 # point three times: with a toy example of two almost equal logit vectors, with a bound on the
 # Jacobian of any normalizer of the form of Eq. (3) (Lemma 2), and with a bound for the softmax
 # (Corollary 3), which it then compares with a finite-difference measurement on a pretrained model
-# (Figure 4). We go through the three in turn. The toy example and Lemma 2 survive only in prose in
+# (its Figure 4). We go through the three in turn. The toy example and Lemma 2 survive only in prose in
 # the copies of the paper we have, so both are **our reconstructions**; Corollary 3 survived, and it
 # turns out to be **false** as a bound on the spectral norm of the Jacobian. We show the
-# counterexample, prove the corrected (and tight) bound, and then measure Figure 4.
+# counterexample, prove the corrected (and tight) bound, and then measure the paper's Figure 4.
 #
 # **What you will learn**
 #
@@ -64,12 +64,11 @@ p = validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, 
 # %% tags=["hide-input"]
 import math
 
-import matplotlib.pyplot as plt
 import torch
 
 from attn_utils.book import claims, figures, runlog
 from attn_utils.book.chapters import gradient
-from attn_utils.book.formatting import glue_values
+from attn_utils.book.formatting import glue_values, table
 from attn_utils.book.session import Session
 from attn_utils.mathematics import algorithms, metrics, theory
 
@@ -89,7 +88,7 @@ figures.set_style()
 # (derived in {ref}`ch4-ex1`). The factor $1/T$ is the whole story in one line: sharpening the
 # softmax by a factor $c$ multiplies every derivative by $c$, *unless* the weights themselves
 # become so concentrated that $\operatorname{diag}(\alpha)-\alpha\alpha^\top$ vanishes (a one-hot
-# $\alpha$ has zero Jacobian). Which of the two effects wins on a real model is what Figure 4 is about.
+# $\alpha$ has zero Jacobian). Which of the two effects wins on a real model is what the paper's Figure 4 is about.
 #
 # ## A motivating example: two nearly identical logit vectors
 #
@@ -110,17 +109,31 @@ figures.set_style()
 
 # %%
 example = gradient.two_logit_table(eps=1e-4, c=0.0, rest=(-1.0, -2.0))  # 41 temperatures from 1e-6 to 1e4
-example.iloc[::4].style.format("{:.3g}").hide(axis="index")
+table(example.iloc[::4], caption="Every fourth temperature of the sweep")
 
 # %% tags=["remove-cell"]
 glue_values(gradient.two_logit_summary(example, eps=1e-4, c=0.0, rest=(-1.0, -2.0)), digits=4);
 
 # %% tags=["hide-input"]
-gradient.plot_two_logit(example)
-plt.show()
+figures.glue_figure("fig_ch4_two_logit", gradient.plot_two_logit(example))
 
 # %% [markdown]
-# The two logit vectors are at distance {glue:text}`ex_dist`$\,\varepsilon$ with
+# ```{glue:figure} fig_ch4_two_logit
+# ---
+# name: fig-ch4-two-logit
+# alt: >-
+#   Log-log plot of the change of the weights between two nearly identical logit vectors against epsilon over
+#   T, with the exact change and the first-order prediction as two lines under a dashed bound that rises and then
+#   levels off.
+# ---
+# **Two nearly identical logit vectors whose two largest entries swap** (synthetic, no model; $arepsilon=$
+# {glue:text}`ex_eps`). The exact change $\|lpha^{(1)}-lpha^{(2)}\|_2$ and its first-order prediction against
+# $arepsilon/T$, under the bound $\min\{\sqrt5\,arepsilon/(2T),\sqrt2\}$ (dashed). Look at the left part, where
+# both lines rise in step with $arepsilon/T$, and at the right end, where the prediction drops away while the
+# change stops at $\sqrt2$.
+# ```
+#
+# The two logit vectors ({numref}`fig-ch4-two-logit`) are at distance {glue:text}`ex_dist`$\,\varepsilon$ with
 # $\varepsilon=$ {glue:text}`ex_eps`. Wherever $\varepsilon/T\le 10^{-2}$ the change of the weights is
 # between {glue:text}`ex_ratio_lo` and {glue:text}`ex_ratio_hi` times $\varepsilon/T$: it is
 # $\Theta(\varepsilon/T)$, as the paper says, and the first-order prediction sits on top of it. The
@@ -197,7 +210,7 @@ plt.show()
 
 # %%
 lemma2 = gradient.lemma2_check(n_trials, seed)  # one row per (instance, normalizer)
-gradient.lemma2_table(lemma2)
+table(gradient.lemma2_table(lemma2), caption="Lemma 2 on random instances, per normalizer")
 
 # %% tags=["remove-cell"]
 lem2 = gradient.lemma2_summary(lemma2)
@@ -240,7 +253,7 @@ claims.record("ch4-lemma2", model="synthetic", **gradient.claim_values("ch4-lemm
 
 # %%
 counterexample = gradient.counterexample_table()  # two tied logits at five temperatures
-counterexample.style.format("{:.4g}").hide(axis="index")
+table(counterexample, digits=4, caption="Two tied logits: the Jacobian's norm against Corollary 3")
 
 # %% tags=["remove-cell"]
 cex = gradient.counterexample_summary(counterexample)
@@ -291,14 +304,14 @@ claims.record("ch4-corollary3-spectral", model="synthetic", **gradient.claim_val
 #
 # So the constant $\tfrac14$ is right for single entries and wrong by a factor two for the spectral
 # norm, and the cap $\sqrt2$ belongs to the finite difference multiplied by $\varepsilon$, not to the
-# derivative: for $\varepsilon<1$ the quantity $g$ that Figure 4 plots may legitimately exceed
+# derivative: for $\varepsilon<1$ the quantity $g$ that the paper's Figure 4 plots may legitimately exceed
 # $\sqrt2$. The check below uses {glue:text}`cor3_instances` random instances in float64 (the same three kinds
 # of logits as above, $L\in\{2,3,5,16,64\}$, $T$ log-uniform in $[10^{-2},10^{2}]$, logit scale
 # log-uniform in $[0.1,10]$) and one random unit direction $v$ per instance and $\varepsilon$.
 
 # %%
 corollary3 = gradient.corollary3_check(n_trials, epsilons, seed)  # one row per (instance, eps)
-gradient.corollary3_table(corollary3)
+table(gradient.corollary3_table(corollary3), caption="Corollary 3 and its corrections on random instances")
 
 # %% tags=["remove-cell"]
 cor3 = gradient.corollary3_summary(corollary3)
@@ -319,15 +332,15 @@ for key in ("ch4-corollary3-entries", "ch4-corrected-spectral", "ch4-finite-diff
 # * the finite difference never exceeds $\min\{1/(2T),\sqrt2/\varepsilon\}$ (largest ratio
 #   {glue:text}`cor3_fd_max`), but for a single row and a random direction it exceeds the paper's
 #   dashed curve $\min\{1/(4T),\sqrt2\}$ in {glue:text}`cor3_share_g_pct` % of the (instance, $\varepsilon$)
-#   pairs. Whether the *measured* curve of Figure 4 stays below the dashed line is therefore an
+#   pairs. Whether the *measured* curve of the paper's Figure 4 stays below the dashed line is therefore an
 #   empirical question about the model, not a consequence of a theorem.
 #
 # With one dominant logit the Jacobian is tiny: the weights are almost one-hot and
 # $\operatorname{diag}(\alpha)-\alpha\alpha^\top\approx0$. This is the saturation that decides the
-# small-$T$ end of Figure 4.
+# small-$T$ end of the paper's Figure 4.
 
 # %% [markdown]
-# ## Figure 4 on the pretrained model
+# ## The paper's Figure 4 on the pretrained model
 #
 # Algorithm 5 of the paper, as we read it (`algorithms.gradient_sensitivity`): for each layer and
 # head take the logit matrix of the text, and for every query row $t$ draw a direction $v_t$
@@ -357,27 +370,40 @@ Ts_run = sorted({float(T) for T in Ts} | {T_model})  # the grid `Ts` and the mod
 with runlog.timing("Algorithm 5"):  # the reproducibility chapter sets this time beside the paper's Table 1
     result = algorithms.gradient_sensitivity(logits, Ts_run, epsilons=epsilons, seed=seed, progress=False)
 summary = result.summary
-summary.pivot(index="T", columns="eps", values="g").style.format("{:.3e}").set_caption(
-    f"g(T, eps) on {session.name}, logit scale '{logit_scale}'")
+table(gradient.g_table(summary), caption=f"g(T, ε) on {session.name}, logit scale '{logit_scale}'")
 
 # %% tags=["hide-input"]
 n_layers, n_heads, L_run = logits.shape[:3]
-gradient.plot_figure4(summary, T_model, logit_scale, session.name, L=L_run, heads=n_layers * n_heads)
-plt.show()
+figures.glue_figure("fig_ch4_figure4", gradient.plot_figure4(summary, T_model, logit_scale, session.name, L=L_run,
+                                                             heads=n_layers * n_heads))
 
 # %% [markdown]
-# **Figure 4, measured.** $g(T,\varepsilon)$ on {glue:text}`ch4_model` reading *War and Peace*
-# (window of {glue:text}`fig4_L` tokens, all {glue:text}`fig4_heads` heads, every query row),
-# logit scale {glue:text}`fig4_scale`, for the perturbation sizes `epsilons`. The dashed black curve
-# is the paper's $\min\{1/(4T),\sqrt2\}$, the dotted grey one our valid $1/(2T)$ (the second half of
-# our bound, $\sqrt2/\varepsilon$, binds only at small $T$ and large $\varepsilon$); the vertical line
-# marks $T=$ {glue:text}`fig4_T_model`, the model's own temperature on this scale
-# ({glue:text}`fig4_T_model_unique`).
+# ```{glue:figure} fig_ch4_figure4
+# ---
+# name: fig-ch4-figure4
+# alt: >-
+#   Log-log plot of the measured gradient norm g against the temperature T, one line per perturbation size
+#   epsilon, with the paper's bound as a dashed line, a valid bound as a dotted line and a vertical line at the
+#   model's own temperature.
+# ---
+# **The paper's Figure 4, measured on {glue:text}`ch4_model`.** $g(T,\varepsilon)$ reading *War and Peace* (window
+# of {glue:text}`fig4_L` tokens, all {glue:text}`fig4_heads` heads, every query row), logit scale
+# {glue:text}`fig4_scale`, one line per perturbation size of `epsilons`. The dashed black curve is the paper's
+# $\min\{1/(4T),\sqrt2\}$, the dotted grey one our valid $1/(2T)$ (the other half of our bound,
+# $\sqrt2/\varepsilon$, binds only at small $T$ and large $\varepsilon$); the vertical line marks $T=$
+# {glue:text}`fig4_T_model`, the model's own temperature on this scale ({glue:text}`fig4_T_model_unique`). Look
+# at the slope of the lines left of $T=0.1$, where a $1/T$ law would run parallel to the dashed curve. The paper
+# draws the same axes (log-log, three coloured curves for its three $\varepsilon$, the same dashed bound) for
+# GPT-2 and reads its curves as following $1/T$ below $T=0.1$ and collapsing, two orders of magnitude lower, for
+# $T\ge1$.
+# ```
 
 # %% tags=["remove-cell"]
+timed = {r["algorithm"]: r["seconds"] for r in runlog.read("timings") if r["notebook"] == runlog.notebook()}
 gaps = gradient.top_two_gaps(logits)  # why the curves flatten at small T
 fig4 = gradient.figure4_findings(summary, epsilons, T_model, logit_scale)
 glue_values({"ch4_model": session.name, "fig4_heads": n_layers * n_heads, "fig4_L": L_run,
+             "alg5_seconds": timed["Algorithm 5"],
              "fig4_T_model_unique": gradient.temperature_range(captured.temperature),
              "gap_median": gaps.median(), "gap_share_small": 100 * (gaps < 0.1).double().mean(),
              **gradient.figure4_prose(fig4)})
@@ -387,11 +413,14 @@ glue_values({"verdict_" + key.removeprefix("ch4-fig4-").replace("-", "_"): claim
              for key, claim in recorded.items()});
 
 # %% [markdown]
-# The paper's six sentences about Figure 4, each with its verdict under the rule stated in the ledger
-# (`attn_utils/book/ledger/ch4_gradient.yml`):
+# Algorithm 5 took {glue:text}`alg5_seconds` s in this run, over every head and every $(T,\varepsilon)$ of the grid
+# (the time recorded for the run, which {doc}`ch5_reproducibility` sets beside the paper's Table 1).
+#
+# The paper's six sentences about {numref}`fig-ch4-figure4`, each with its verdict under the rule stated in the
+# ledger (`attn_utils/book/ledger/ch4_gradient.yml`):
 
 # %%
-gradient.verdict_table(recorded).style.hide(axis="index")
+table(gradient.verdict_table(recorded))
 
 # %% [markdown]
 # ## What the measurement says
@@ -462,8 +491,9 @@ session.provenance_table()
 # %% [markdown]
 # ## Exercises
 #
-# ```{exercise} The softmax Jacobian and its norm
+# ```{exercise} ch4-ex1: The softmax Jacobian and its norm
 # :label: ch4-ex1
+# :nonumber:
 #
 # Let $\alpha=\operatorname{softmax}(l/T)$ for $l\in\R^L$.
 # (a) Show that $\partial\alpha_i/\partial l_k=\alpha_i(\delta_{ik}-\alpha_k)/T$, i.e.
@@ -499,8 +529,9 @@ session.provenance_table()
 # ```{solution-end}
 # ```
 #
-# ```{exercise} g(T, eps) for one row, by hand
+# ```{exercise} ch4-ex2: g(T, eps) for one row, by hand
 # :label: ch4-ex2
+# :nonumber:
 #
 # Take one row of the captured logits (say the last query of layer 0, head 0, with its causal mask),
 # and write a function `g_row(row, T, eps, generator)` that draws a direction uniformly on the unit

@@ -79,12 +79,12 @@ p = validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, 
 # %% tags=["hide-input"]
 import time
 
-import matplotlib.pyplot as plt
 import torch
+from IPython.display import display
 
 from attn_utils.book import claims, figures
 from attn_utils.book.chapters import remedies
-from attn_utils.book.formatting import glue_values
+from attn_utils.book.formatting import glue_values, table
 from attn_utils.book.session import Session
 from attn_utils.mathematics import lenses
 from attn_utils.mathematics.registry import normalize
@@ -220,7 +220,7 @@ rng = torch.Generator().manual_seed(seed)   # every synthetic draw of the chapte
 
 # %%
 lemma = remedies.lemma1_synthetic(names, p.synthetic_lengths, n_trials, rng)
-lemma.extremes()
+table(lemma.extremes(), index=True, caption="Median largest weight at the smallest and the largest length")
 
 # %% tags=["remove-cell"]
 glue_values({"names_list": remedies.listing(names), **lemma.prose()})
@@ -228,10 +228,22 @@ claims.record("ch6-envelopes", model="synthetic", **lemma.envelope_claim())
 claims.record("ch6-lemma1-escape", model="synthetic", **lemma.escape_claim());
 
 # %% tags=["hide-input"]
-remedies.plot_lemma1_synthetic(lemma, seed)
-plt.show()
+figures.glue_figure("fig_ch6_lemma1_synthetic", remedies.plot_lemma1_synthetic(lemma, seed))
 
 # %% [markdown]
+# ```{glue:figure} fig_ch6_lemma1_synthetic
+# ---
+# name: fig-ch6-lemma1-synthetic
+# alt: >-
+#   Two log-log line plots of the median largest weight against the row length L, one line per normalizer,
+#   with a dotted 1/L reference line; left for typical rows, right for rows with one planted key.
+# ---
+# **Lemma 1's lens on synthetic rows** (no model; logits bounded by $a=$ {glue:text}`syn_a`, $T=1$). One line per
+# normalizer, in the colours of every figure of this chapter. Look at (b): the lines that stay flat belong to the
+# rules that let an outstanding key keep its weight however long the row; the lines parallel to the dotted $1/L$
+# belong to the rules that Lemma 1 or {prf:ref}`ch6-prop-still-vanish` force to vanish.
+# ```
+#
 # Every weight of the {glue:text}`syn_rows_lemma` synthetic rows (logits in $[-a,a]$ with
 # $a=${glue:text}`syn_a`) lies in the envelope of its normalizer:
 # **{glue:text}`env_violations`** violations, and {glue:text}`planted_violations` planted keys below
@@ -296,27 +308,55 @@ plt.show()
 
 # %%
 geometry = remedies.geometry_synthetic(names, p.synthetic_lengths, N, p.Ns, n_trials, rng)
-geometry.at_longest()
+for caption, frame in geometry.at_longest().items():
+    display(table(frame, index=True, caption=caption))
 
 # %% tags=["hide-input"]
-remedies.plot_geometry_synthetic(geometry, seed)
-plt.show()
+figures.glue_figure("fig_ch6_distance_synthetic", remedies.plot_distance_synthetic(geometry, seed))
+figures.glue_figure("fig_ch6_separability_synthetic", remedies.plot_separability_synthetic(geometry, seed))
 
 # %% tags=["remove-cell"]
 glue_values(geometry.prose())
 claims.record("ch6-distance-count", model="synthetic", **geometry.claim());
 
 # %% [markdown]
+# ```{glue:figure} fig_ch6_distance_synthetic
+# ---
+# name: fig-ch6-distance-synthetic
+# alt: >-
+#   Two line plots of the median cumulative distance, one line per normalizer, on logarithmic axes; left
+#   against the row length L at a fixed top-N size, right against the top-N size N at the largest length.
+# ---
+# **The distance lens on synthetic rows** (no model; unit vectors in $\R^{64}$, typical rows). (a) is the
+# synthetic counterpart of the paper's Figure 2a, which plots, at $N=5$ and against $L$, the measured distance
+# (green), its expectation (blue) and the upper bound (red) of Theorem 1 for GPT-2's softmax and finds both
+# distances growing roughly linearly. Here there is one line per normalizer instead: look at which lines rise
+# with $L$ and which stay flat. (b) The same distance against $N$ at the largest length.
+# ```
+#
+# ```{glue:figure} fig_ch6_separability_synthetic
+# ---
+# name: fig-ch6-separability-synthetic
+# alt: >-
+#   Line plot of the mean separability fraction against the top-N size N on a logarithmic axis, one line per
+#   normalizer, between 0 and 1.
+# ---
+# **The separability lens on synthetic rows** (no model), one line per normalizer: mean $N_s/N$ against $N$ at the
+# largest length. The paper's Figure 3 shows the same fraction for GPT-2's heads as green boxes against $N$,
+# levelling off between 0.70 and 0.85; look here at how fast each rule's fraction falls when nothing in the
+# data is trained.
+# ```
+#
 # {prf:ref}`ch6-prop-count` holds on all {glue:text}`count_rows` (row, $N$) pairs
 # ({glue:text}`count_violations` violations). The log-log slope of the median distance against $L$
-# (at $N=${glue:text}`N_used`) is {glue:text}`syn_dist_slopes`: with bounded logits the distance
+# (at $N=${glue:text}`N_used`, {numref}`fig-ch6-distance-synthetic`) is {glue:text}`syn_dist_slopes`: with bounded logits the distance
 # grows (slope at least {glue:text}`grows_rule`) for {glue:text}`syn_grow`, and stays nearly flat for
 # {glue:text}`syn_flat`. By the proposition the slope is one plus the rate at which $\|s\|$
 # shrinks: for the rules bound by Lemma 1 or {prf:ref}`ch6-prop-still-vanish` every top weight is
 # $O(1/L)$, so $\tilde d$ stays bounded; on these typical rows the top weights of the other rules
 # shrink more slowly (about $\log(L)/L$ for SSMax, as computed above, and more slowly still for the
 # sparse rules, whose support grows sublinearly). At $N=${glue:text}`syn_Nmax` the mean separability
-# is {glue:text}`syn_sep_at_Nmax`; {glue:text}`syn_support_short`.
+# ({numref}`fig-ch6-separability-synthetic`) is {glue:text}`syn_sep_at_Nmax`; {glue:text}`syn_support_short`.
 
 # %% [markdown]
 # ## Lens 4: gradients
@@ -379,23 +419,36 @@ claims.record("ch6-distance-count", model="synthetic", **geometry.claim());
 
 # %%
 gradient = remedies.gradient_synthetic(names, p.Ts, n_trials, rng)
-gradient.norms()
+table(gradient.norms(), index=True, caption="Median spectral norm of the Jacobian on synthetic rows")
 
 # %% tags=["hide-input"]
-remedies.plot_gradient_synthetic(gradient, seed)
-plt.show()
+figures.glue_figure("fig_ch6_gradient_synthetic", remedies.plot_gradient_synthetic(gradient, seed))
 
 # %% tags=["remove-cell"]
 glue_values(gradient.prose())
 claims.record("ch6-jacobians", model="synthetic", **gradient.claim());
 
 # %% [markdown]
+# ```{glue:figure} fig_ch6_gradient_synthetic
+# ---
+# name: fig-ch6-gradient-synthetic
+# alt: >-
+#   Two line plots against the temperature T on a logarithmic axis, one line per normalizer; left the median
+#   spectral norm of the Jacobian with dashed 1/(2T) and dotted 1/T reference lines, right the share of rows whose
+#   Jacobian is exactly zero.
+# ---
+# **The gradient lens on synthetic rows** (no model; {glue:text}`LG` keys per row). (a) Median spectral norm of the
+# Jacobian against $T$, under the corrected softmax bound $1/(2T)$ of {doc}`ch4_gradient` and under $1/T$.
+# (b) Share of rows whose Jacobian is exactly zero. Look at the low-temperature end: which lines fall to zero and
+# which keep rising.
+# ```
+#
 # The closed forms agree with automatic differentiation to {glue:text}`ad_error` (relative), and the
 # norm bounds of {prf:ref}`ch6-prop-jacobians` have {glue:text}`bound_violations` violations. As $T$
 # falls to {glue:text}`T_min`, the ratio of the median norm to its largest median is
 # {glue:text}`syn_usable_ratios`. By our rule (a ratio of at least {glue:text}`usable_rule`),
-# {glue:text}`syn_keep` keep a usable gradient and {glue:text}`syn_lose` lose it. The right panel
-# shows *how* the sparse rules lose it: their Jacobian is exactly zero as soon as the support
+# {glue:text}`syn_keep` keep a usable gradient and {glue:text}`syn_lose` lose it. Panel (b) of
+# {numref}`fig-ch6-gradient-synthetic` shows *how* the sparse rules lose it: their Jacobian is exactly zero as soon as the support
 # shrinks to one key, while a softmax-type Jacobian is exponentially small but vanishes exactly only
 # when the exponentials underflow. At $T=${glue:text}`T_mid` the shares of rows with an exactly
 # zero Jacobian are {glue:text}`zero_mid`. Only the signed
@@ -424,7 +477,7 @@ claims.record("ch6-jacobians", model="synthetic", **gradient.claim());
 # %%
 session = Session.open(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed)
 logits = remedies.capture_logits(session, long_lengths, rows_per_octave, threads=threads)
-logits.facts(session.summary())
+table(logits.facts(session.summary()), index=True, caption="The model and the window it read")
 
 # %% tags=["remove-cell"]
 glue_values(logits.prose())
@@ -444,19 +497,31 @@ glue_values(logits.prose())
 
 # %%
 lemma_model = remedies.lemma1_model(logits, names)
-lemma_model.table()
+table(lemma_model.table(), index=True, caption="Lemma 1's lens on the model (entropy n/a: rows that are not "
+      "probability distributions)")
 
 # %% tags=["hide-input"]
-remedies.plot_lemma1_model(lemma_model, logits, corpus)
-plt.show()
+figures.glue_figure("fig_ch6_lemma1_model", remedies.plot_lemma1_model(lemma_model, logits, corpus))
 
 # %% tags=["remove-cell"]
 glue_values(lemma_model.prose())
 
 # %% [markdown]
-# Median over all heads, for each row length $t$ (grey vertical line: $t=L$; to its right the rows of
-# the longer window). With the first token included, the largest weight mostly measures the attention
-# sink, wherever the model has one. Without it, the fitted log-log slopes of the median over $t\ge${glue:text}`T_FIT`,
+# ```{glue:figure} fig_ch6_lemma1_model
+# ---
+# name: fig-ch6-lemma1-model
+# alt: >-
+#   Two log-log line plots of the median over heads of the largest weight against the row length t, one line
+#   per normalizer, with a dotted 1/t reference line; left with all keys, right with the first key left out.
+# ---
+# **Lemma 1's lens on {glue:text}`model_name`'s logits, re-normalized by each rule** (not retrained). Median over
+# all heads, for each row length $t$; where a longer window was read, a grey vertical line marks $t=L$ and the rows
+# of the longer window lie to its right. (a) All keys: the largest weight mostly measures the attention sink,
+# wherever the model has one. (b) The first key left out: look at which lines run parallel to the dotted $1/t$
+# and which stay flatter.
+# ```
+#
+# In panel (b) of {numref}`fig-ch6-lemma1-model`, the fitted log-log slopes of the median over $t\ge${glue:text}`T_FIT`,
 # $t\le L$, are: softmax {glue:text}`mslope_softmax`, SSMax {glue:text}`mslope_ssmax`, sparsemax
 # {glue:text}`mslope_sparsemax`, 1.5-entmax {glue:text}`mslope_entmax15`, softmax-1
 # {glue:text}`mslope_softmax1`, self-adjust {glue:text}`mslope_self_adjust`, normalized self-adjust
@@ -475,16 +540,32 @@ glue_values(lemma_model.prose())
 
 # %%
 geometry_model = remedies.geometry_model(logits, names, N, p.Ns)
-geometry_model.table()
+for caption, frame in geometry_model.table().items():
+    display(table(frame, index=True, caption=caption))
 
 # %% tags=["hide-input"]
-remedies.plot_geometry_model(geometry_model, logits, corpus)
-plt.show()
+figures.glue_figure("fig_ch6_geometry_model", remedies.plot_geometry_model(geometry_model, logits, corpus))
 
 # %% tags=["remove-cell"]
 glue_values(geometry_model.prose())
 
 # %% [markdown]
+# ```{glue:figure} fig_ch6_geometry_model
+# ---
+# name: fig-ch6-geometry-model
+# alt: >-
+#   Two line plots against the top-N size N on a logarithmic axis, one line per normalizer; left the median
+#   over heads of the mean cumulative distance on a logarithmic scale, right the median over heads of the mean
+#   separability fraction with a grey band between 0.70 and 0.85.
+# ---
+# **The distance and separability lenses on {glue:text}`model_name`'s logits, re-normalized by each rule**
+# (value vectors, rows $t\le L$). (a) Median over heads of the per-head mean $\tilde d$ against $N$; the paper's
+# Figure 2b draws this curve for GPT-2's softmax only (measured distance, expectation and bound against $N$ at
+# $L=1024$, levelling off beyond $N\approx20$). (b) Median over heads of the per-head mean $N_s/N$; the paper's
+# Figure 3 shows its softmax heads as green boxes against $N$, settling inside the grey band. Look at how far the
+# other rules' lines move away from softmax's.
+# ```
+#
 # The fast path and the library route agree to {glue:text}`route_err` on the checked layer. At
 # $N=${glue:text}`N_used` the median over heads of the mean distance is {glue:text}`m_dist`, and the
 # count term $(L_r-N)\|s\|$ of {prf:ref}`ch6-prop-count` makes up a median share of
@@ -506,17 +587,30 @@ glue_values(geometry_model.prose())
 
 # %%
 gradient_model = remedies.gradient_model(logits, names, p.Ts, seed)
-gradient_model.medians()
+table(gradient_model.medians(), index=True, caption="Median over heads of the mean directional derivative")
 
 # %% tags=["hide-input"]
-remedies.plot_gradient_model(gradient_model, logits, seed)
-plt.show()
+figures.glue_figure("fig_ch6_gradient_model", remedies.plot_gradient_model(gradient_model, logits, seed))
 
 # %% tags=["remove-cell"]
 glue_values(gradient_model.prose())
 
 # %% [markdown]
-# On the model's logits the ratio of the median derivative at $T=${glue:text}`T_min` to its largest
+# ```{glue:figure} fig_ch6_gradient_model
+# ---
+# name: fig-ch6-gradient-model
+# alt: >-
+#   Two log-log line plots of the mean directional derivative of the weights against the temperature, as a
+#   multiple of the model's own, one line per normalizer; left for the largest head, right for the median head.
+# ---
+# **The gradient lens on {glue:text}`model_name`'s logits**: the derivative of the weights along a random
+# direction, averaged over the rows $t\le L$ of each head, against the temperature (1 is the model's own). (a) The
+# largest head, as in the paper's $g$ of Figure 4, which plots for GPT-2's softmax the finite-difference version
+# of this quantity against $T$ on log-log axes, three perturbation sizes and the dashed bound of Corollary 3;
+# (b) the median head. Look at the left end: which rules still respond when $T$ is a thousandth of the model's.
+# ```
+#
+# On the model's logits ({numref}`fig-ch6-gradient-model`) the ratio of the median derivative at $T=${glue:text}`T_min` to its largest
 # value over the grid is {glue:text}`m_usable_ratios`: by the same rule as on synthetic rows,
 # {glue:text}`m_keep` keep a usable gradient as $T$ falls and {glue:text}`m_lose` lose it.
 #
@@ -525,7 +619,8 @@ glue_values(gradient_model.prose())
 # %% tags=["hide-input"]
 summary, sentences, both = remedies.summary(names, lemma, geometry, gradient, lemma_model, geometry_model,
                                             gradient_model)
-summary
+for caption, part in remedies.summary_tables(summary).items():
+    display(table(part, index=True, caption=caption))
 
 # %% [markdown]
 # Read row by row (every entry is computed above; the sentences are assembled from the same numbers):
@@ -558,20 +653,18 @@ if {"self_adjust", "self_adjust_normalized"} & set(names) and "softmax" in names
 #
 # The paper stops at GPT-2's context of 1024 tokens. {glue:text}`long_text` Because the mask is causal,
 # the rows $t\le L'$ of the long window are exactly the rows of an $L'$-token window, so one window
-# gives the paper's curves at every length up to {glue:text}`m_Lrun`. The curves below use the
-# model's own attention (softmax), as in the paper: the distance $\tilde d$ at $N=${glue:text}`N_used`
+# gives the paper's curves at every length up to {glue:text}`m_Lrun`. The curves of
+# {numref}`fig-ch6-long-context` use the model's own attention (softmax), as in the paper: the distance $\tilde d$ at $N=${glue:text}`N_used`
 # against the window length (Figure 2a of the paper), and the separability $N_s/N$ against $N$ at $L$
-# and at the longest window (Figure 3). The largest weight against $t$ was shown above for every
+# and at the longest window (the paper's Figure 3). The largest weight against $t$ was shown above for every
 # normalizer, right of the grey line.
 
 # %%
 long = remedies.long_context(logits, geometry_model)
-long.curves.round(3)
+table(long.curves, caption=f"Mean and median over heads of the per-head mean distance at N = {N}, per window length")
 
 # %% tags=["hide-input"]
-if len(long.curves):
-    remedies.plot_long_context(long, corpus)
-    plt.show()
+figures.glue_figure("fig_ch6_long_context", remedies.plot_long_context(long, corpus))
 
 # %% tags=["remove-cell"]
 distance_claim = claims.record("ch6-long-distance", model=session.name, **long.distance_claim())
@@ -580,6 +673,22 @@ glue_values({**long.prose(lemma_model), "dist_long_verdict": distance_claim.verd
              "sep_long_verdict": separability_claim.verdict})
 
 # %% [markdown]
+# ```{glue:figure} fig_ch6_long_context
+# ---
+# name: fig-ch6-long-context
+# alt: >-
+#   Two panels. Left, a log-log plot of the mean cumulative distance against the window length, mean and
+#   median head, with a dotted line of slope one and a grey vertical line at L. Right, the median separability
+#   fraction against the top-N size N, one line per window length, over a grey band between 0.70 and 0.85.
+# ---
+# **The paper's curves continued beyond $L$ on {glue:text}`model_name`** (its own softmax, value vectors). (a) The
+# distance at $N=${glue:text}`N_used` against the window length $L'$; the grey vertical line marks $L$. The paper's
+# Figure 2a draws this for GPT-2 up to 1024 tokens, with the measured distance (green), its
+# expectation (blue) and the bound (red) all rising roughly linearly; here compare the measured curve with the
+# dotted line of slope 1. (b) The median over heads of $N_s/N$ against $N$, at $L$ and on the longest window,
+# over the paper's band of Figure 3 (green boxes levelling off between 0.70 and 0.85).
+# ```
+#
 # The distance keeps growing with the window: its log-log slope is {glue:text}`slope_below` up to
 # $L$ and {glue:text}`slope_above` beyond (verdict on the paper's "linear in $L$", continued:
 # **{glue:text}`dist_long_verdict`**). The separability at $N=${glue:text}`N_plateau` moves from
@@ -634,12 +743,11 @@ glue_values({**long.prose(lemma_model), "dist_long_verdict": distance_claim.verd
 
 # %%
 coverage = remedies.coverage(logits, geometry_model, p.Ns, n_samples, seed)
-coverage.table.round(4)
+table(coverage.shown(), index=True, caption="Coverage by the heads of a layer, per N (z: n/a where the "
+      "permutations cannot change the coverage)")
 
 # %% tags=["hide-input"]
-if len(coverage.table):
-    remedies.plot_coverage(coverage, corpus, seed)
-    plt.show()
+figures.glue_figure("fig_ch6_coverage", remedies.plot_coverage(coverage, corpus, seed))
 
 # %% tags=["remove-cell"]
 verdicts = {"cov_verdict": "n/a", "indep_verdict": "n/a"}
@@ -651,7 +759,22 @@ if coverage.N is not None:
 glue_values({**coverage.prose(), **verdicts})
 
 # %% [markdown]
-# At $N=${glue:text}`cov_N` the heads separate on average $\bar p=${glue:text}`cov_p` of their own
+# ```{glue:figure} fig_ch6_coverage
+# ---
+# name: fig-ch6-coverage
+# alt: >-
+#   Two panels against the top-N size N. Left, four lines between 0 and 1: the observed coverage, the
+#   prediction under independence given the selections, the paper's formula and the mean fraction p. Right, box
+#   plots of the phi coefficient of the pairs of heads of a layer, with a line at zero.
+# ---
+# **Coverage by the heads of a layer of {glue:text}`model_name`** (its own softmax, value vectors, rows
+# $t\le L$). (a) The share of the universe $U$ that at least one head separates, against the selection-aware
+# prediction of {prf:ref}`ch6-prop-coverage`, the paper's $1-(1-\bar p)^H$ and $\bar p$ itself; look at whether
+# the observed line follows the selection-aware one or the paper's. (b) Per $N$, the phi coefficients of the pairs
+# of heads on the keys both select: boxes centred above zero mean heads that separate the same keys.
+# ```
+#
+# At $N=${glue:text}`cov_N` ({numref}`fig-ch6-coverage`) the heads separate on average $\bar p=${glue:text}`cov_p` of their own
 # top-$N$ sets, and their sets differ: the universe holds {glue:text}`cov_U` times $N$ keys. The
 # heads together separate {glue:text}`cov_obs` of the universe. The paper's formula with $\bar p$
 # predicts {glue:text}`cov_paper`: it assumes one shared set of $N$ keys, and here it
@@ -706,13 +829,14 @@ session.provenance_table()
 
 
 # %% [markdown]
-# This chapter ran in {glue:text}`runtime` after its imports (the model's forward pass over
-# {glue:text}`m_Lrun` tokens took {glue:text}`m_capture_s`).
+# This chapter ran in {glue:text}`runtime` after its imports; it times none of the paper's algorithms, so this
+# is its one run time.
 #
 # ## Exercises
 #
-# ```{exercise} Softmax-1 cannot keep a key, and cannot stay silent
+# ```{exercise} ch6-ex1: Softmax-1 cannot keep a key, and cannot stay silent
 # :label: ch6-ex1
+# :nonumber:
 #
 # Let $\alpha=\mathrm{softmax}_1(l/T)$ for a row of $L$ logits in $[-a,a]$.
 # (a) Prove the two-sided bound of {prf:ref}`ch6-prop-still-vanish` and deduce that the largest weight
@@ -738,8 +862,9 @@ session.provenance_table()
 # ```{solution-end}
 # ```
 #
-# ```{exercise} The sparsemax Jacobian from its support
+# ```{exercise} ch6-ex2: The sparsemax Jacobian from its support
 # :label: ch6-ex2
+# :nonumber:
 #
 # Write a function `sparsemax_jacobian(row, T)` that takes one row of logits (a float64 tensor of
 # shape `(L,)`) and returns the $L\times L$ Jacobian of `attn_utils.mathematics.normalizers.sparsemax` at $T$

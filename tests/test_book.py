@@ -5,6 +5,7 @@ selenium and skip with a message when Chromium is not installed (CI installs it)
 """
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -134,6 +135,14 @@ def test_pages_render_in_a_browser(built_book):
                 f"{page.name}: a raw exception in the prose"
             for outside in ("NOTES", "[INFERRED]", "paper/NOTES.md", "/".join(("..", "shared"))):
                 assert outside not in text, f"{page.name}: points to material the reader does not have: {outside!r}"
+            local = ABSOLUTE_PATH.findall(text)
+            assert not local, f"{page.name}: a path of the machine that built the book: {local[:3]}"
+            for image in driver.execute_script(IMAGES):
+                assert image["caption"].startswith("Figure "), f"{page.name}: an image without a numbered caption: {image}"
+                alt = image["alt"]
+                assert len(alt.split()) >= 6 and not IMAGE_PATH.search(alt), \
+                    f"{page.name}: the alt text of {image['src']} does not describe the figure: {alt!r}"
+                assert image["sharp"], f"{page.name}: {image['src']} is neither SVG nor a 2x image"
             truncated = driver.execute_script(
                 "return Array.from(document.querySelectorAll('td, th')).filter(c => ['...', '…'].includes("
                 "c.innerText.trim())).length")
@@ -143,6 +152,18 @@ def test_pages_render_in_a_browser(built_book):
     finally:
         driver.quit()
 
+
+ABSOLUTE_PATH = re.compile(r"(?<![\w.~])/(?:tmp|work|home|root|Users|usr|var)/\S+")
+IMAGE_PATH = re.compile(r"\.(?:png|svg|jpe?g|gif)\b|^[_./]|\b(?:notebooks|_images|_build|image)/|\bcell\d", re.I)
+# Every image of a page's text: its numbered caption, its alt text, and whether it stays sharp when zoomed
+IMAGES = """
+return Array.from(document.querySelectorAll('article img')).map(i => {
+  const figure = i.closest('figure'), caption = figure ? figure.querySelector('figcaption') : null;
+  return {src: i.getAttribute('src'), alt: i.getAttribute('alt') || '',
+          caption: caption ? caption.innerText.trim() : '',
+          sharp: /\\.svg$/i.test(i.src) || i.naturalWidth >= 1.5 * i.getBoundingClientRect().width};
+});
+"""
 
 # Tables wider than their container must scroll inside their own box (overflow-x auto or scroll).
 OVERFLOWING_TABLES = """

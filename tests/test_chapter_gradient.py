@@ -85,6 +85,10 @@ def test_two_logit_example_against_closed_forms():
     assert summary["ex_change_smallT"] == pytest.approx(math.sqrt(2), rel=1e-9)
     lo, hi = summary["ex_ratio_lo"], summary["ex_ratio_hi"]
     assert summary["ex_flat_constant"] - 1e-3 <= lo <= hi <= summary["ex_sharp_constant"] + 1e-3
+    fig = gradient.plot_two_logit(table)
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert fig.axes[0].get_legend() is None and len(labels) == 3 and fig.get_figwidth() <= 7.5
+    matplotlib.pyplot.close(fig)
 
 
 def test_two_logit_rows_match_a_direct_computation():
@@ -126,7 +130,8 @@ def test_lemma2_check_holds_and_counts_right():
     assert summary["violations"] == 0 and summary["max_error"] < 1e-10 and summary["min_ratio"] >= 1
     assert summary["instances"] == 30 and summary["pairs"] == len(check)
     table = gradient.lemma2_table(check)
-    assert set(table.index) == set(gradient.NORMALIZERS) and (table["instances"] == 30).all()
+    assert set(table.normalizer) == set(gradient.NORMALIZERS) and (table["instances"] == 30).all()
+    assert table["bound violated"].sum() == 0 and table["smallest bound / norm"].min() == summary["min_ratio"]
     # the normalizers' derivatives are right (against autograd), so the Jacobian check compares like with like
     l, theta = torch.linspace(-2, 2, 7, dtype=F64, requires_grad=True), (torch.tensor(0.7, dtype=F64), 2.0)
     for F, dF in gradient.NORMALIZERS.values():
@@ -179,7 +184,9 @@ def test_corollary3_check_against_a_slow_loop():
     assert summary["norm_max"] <= 1 + 1e-12 and summary["entry_max"] <= 1 + 1e-12 and summary["fd_max"] <= 1 + 1e-12
     assert summary["instances"] == 15 and summary["pairs"] == 30 and summary["autograd_error"] < 1e-12
     table = gradient.corollary3_table(check)
-    assert table["instances"].sum() == 15 and table.loc["two tied maxima", "share_norm_above_stated"] > 0
+    table = table.set_index("logits")
+    assert table["instances"].sum() == 15 and table.loc["two tied maxima", "share with ‖J‖₂ above the stated bound"] > 0
+    assert table["largest 2T‖J‖₂"].max() == summary["norm_max"]
 
 
 # --- Figure 4 ----------------------------------------------------------------------------------------------------
@@ -272,8 +279,12 @@ def test_figure_4_pipeline_on_a_random_model(session):
         assert claims.judge(key, model=session.name, **gradient.claim_values(key, found)).verdict in claims.VERDICTS
     prose = gradient.figure4_prose(found)
     assert prose["fig4_scale"] == "raw" and prose["fig4_slopes"].startswith("ε=0.001: ")
+    table = gradient.g_table(summary)
+    assert list(table["T"]) == Ts and list(table.columns[1:]) == ["g at ε = 0.001", "g at ε = 0.1", "g at ε = 10"]
+    assert table.set_index("T").loc[0.1, "g at ε = 10"] == summary.set_index(["T", "eps"]).loc[(0.1, 10.0), "g"]
     fig = gradient.plot_figure4(summary, T_model, "raw", session.name, L=session.L, heads=144)
     assert fig.axes[0].get_xscale() == "log" and "gpt2-random" in fig._suptitle.get_text()
+    assert fig.get_figwidth() <= 7.5 and fig.axes[0].get_legend() is None and len(fig.legends) == 1
     matplotlib.pyplot.close(fig)
 
 

@@ -235,6 +235,62 @@ def test_a_model_without_longer_windows_is_not_comparable(model_run):
                                                                                    pd.DataFrame()))["long_text"]
 
 
+# --- what the chapter shows: figures that fit the text column, tables that fit it too ---------------------------------
+
+
+def test_figures_have_two_panels_at_most_and_one_legend_below(model_run):
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    _, logits, lemma, geometry, gradient = model_run
+    syn = remedies.lemma1_synthetic(NAMES, [4, 64], 4, torch.Generator().manual_seed(0))
+    geo_syn = remedies.geometry_synthetic(NAMES, [8, 64], 3, [2, 4], 8, torch.Generator().manual_seed(0))
+    grad_syn = remedies.gradient_synthetic(NAMES, [0.01, 1.0], 8, torch.Generator().manual_seed(0))
+    long = remedies.long_context(logits, geometry)
+    coverage = remedies.coverage(logits, geometry, [2, 4], 8, seed=0)
+    drawn = [remedies.plot_lemma1_synthetic(syn, 0), remedies.plot_distance_synthetic(geo_syn, 0),
+             remedies.plot_separability_synthetic(geo_syn, 0), remedies.plot_gradient_synthetic(grad_syn, 0),
+             remedies.plot_lemma1_model(lemma, logits, "c"), remedies.plot_geometry_model(geometry, logits, "c"),
+             remedies.plot_gradient_model(gradient, logits, 0), remedies.plot_long_context(long, "c"),
+             remedies.plot_coverage(coverage, "c", 0)]
+    for fig in drawn:
+        assert len(fig.axes) <= 2 and fig.get_figwidth() <= 7.5
+        assert not any(ax.get_legend() for ax in fig.axes) and len(fig.legends) == 1   # one legend, below
+        labels = [t.get_text() for t in fig.legends[0].get_texts()]
+        assert len(labels) == len(set(labels))
+    normalizers = [t.get_text() for t in drawn[0].legends[0].get_texts()]
+    assert normalizers[:len(NAMES)] == [registry.get(n).label for n in NAMES]
+    lines = {line.get_label(): line.get_color() for line in drawn[0].axes[0].get_lines()}
+    assert all(matplotlib.colors.same_color(lines[registry.get(n).label], remedies.COLOR[n]) for n in NAMES)
+
+
+def test_tables_fit_the_text_column(model_run):
+    _, logits, lemma, geometry, gradient = model_run
+    geo_syn = remedies.geometry_synthetic(NAMES, [8, 64], 3, [2, 4], 8, torch.Generator().manual_seed(0))
+    order = [registry.get(n).label for n in remedies.geometric(NAMES)]
+    for tables in (geo_syn.at_longest(), geometry.table()):
+        assert len(tables) == 4
+        for frame in tables.values():
+            assert list(frame.index) == order and list(frame.columns) == ["N = 2", "N = 3", "N = 4"]
+    distances = geometry.table()["On the model: median over heads of the per-head mean d̃"]
+    assert distances.loc["softmax", "N = 2"] == geometry.at(2).loc["softmax", "distance"]
+    medians = gradient.medians()
+    assert list(medians.columns) == ["T = 0.01", "T = 1"] and list(medians.index) == [registry.get(n).label
+                                                                                      for n in NAMES]
+    assert medians.loc["softmax", "T = 1"] == gradient.table.set_index(["name", "T"]).loc[("softmax", 1.0), "median"]
+    coverage = remedies.coverage(logits, geometry, [2, 4], 8, seed=0)
+    shown = coverage.shown()
+    assert list(shown.columns) == ["N = 2", "N = 4"] and shown.loc["observed coverage", "N = 4"] == \
+        coverage.row["observed coverage"]
+    assert shown.columns.name is None and shown.loc["rows", "N = 2"] == coverage.table.rows[0]
+    syn = remedies.lemma1_synthetic(NAMES, [4, 64], 4, torch.Generator().manual_seed(0))
+    assert list(syn.extremes().index) == [registry.get(n).label for n in NAMES]
+    grad_syn = remedies.gradient_synthetic(NAMES, [0.01, 1.0], 8, torch.Generator().manual_seed(0))
+    table, _, _ = remedies.summary(NAMES, syn, geo_syn, grad_syn, lemma, geometry, gradient)
+    parts = remedies.summary_tables(table)
+    assert len(parts) == 2 and all(len(p.columns) <= 6 for p in parts.values())
+    assert pd.concat(parts.values(), axis=1).equals(table)
+
+
 # --- the ledger's rules are the chapter's former verdict code ---------------------------------------------------------
 
 

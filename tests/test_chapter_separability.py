@@ -94,7 +94,10 @@ def test_figure1_instance_counts_like_a_loop():
     assert fig1.ratio == ratio == fig1.inside.sum() / 4 and fig1.r == pytest.approx(r, abs=1e-12)
     assert not fig1.selected[fig1.nearest]
     assert np.linalg.norm(fig1.scaled[fig1.nearest] - fig1.s) == pytest.approx(fig1.r, abs=1e-12)
-    assert len(sep_ch.draw_figure1(fig1).axes) == 3
+    assert len(sep_ch.draw_figure1_rescaling(fig1).axes) == 2
+    ball = sep_ch.draw_figure1_ball(fig1)
+    labels = [t.get_text() for t in ball.legends[0].get_texts()]
+    assert len(ball.axes) == 1 and len(labels) == len(set(labels)) == 5   # one entry per kind of point
 
 
 def test_counterexample_breaks_the_upper_bound_and_keeps_the_lower():
@@ -103,6 +106,8 @@ def test_counterexample_breaks_the_upper_bound_and_keeps_the_lower():
     assert cx["max_X"] < cx["r"] < cx["min_xi"] and cx["lower"] <= cx["ratio"]
     values = {k: cx[k] for k in ("N", "d", "M", "ratio", "upper", "r", "max_X", "min_xi")}
     assert claims.judge("ch3-thm2-upper-counterexample", model="synthetic", **values).verdict == "fails"
+    table = sep_ch.counterexample_table(cx)
+    assert list(table.value) == [cx[k] for k in sep_ch.COUNTEREXAMPLE_ROWS] and table.quantity.is_unique
 
 
 # --- the synthetic pipeline ------------------------------------------------------------------------------------
@@ -152,7 +157,8 @@ def test_synthetic_rows_against_loops_and_the_proven_facts():
     assert s["upper_violations"] == int((syn.ratio > syn.upper + 1e-12).sum())
     assert s["N_first"] == 2 and s["N_last"] == 5 and s["ratio_last"] == pytest.approx(syn[syn.N == 5].ratio.mean())
     table = sep_ch.synthetic_table(syn)
-    assert table.shape[0] == len(sigmas) * len(Ns) and int(table.upper_violations.sum()) == s["upper_violations"]
+    assert table.shape[0] == len(sigmas) * len(Ns) and int(table["'upper bound' violated"].sum()) == s["upper_violations"]
+    assert table["largest Xᵢ − ξᵢ"].max() == pytest.approx(s["max_xi_gap"])
 
 
 # --- the model pipeline -------------------------------------------------------------------------------------
@@ -175,6 +181,9 @@ def test_model_rowwise_matches_loops_on_causal_rows():
             assert g_row.ratio == ratio and g_row.lower == pytest.approx(lower, abs=1e-9)
     s = sep_ch.rowwise_summary(rowwise)
     assert s["rows"] == len(rowwise) and s["lower_violations"] == 0
+    table = sep_ch.rowwise_table(rowwise)
+    assert list(table.N) == Ns and table["rows checked"].sum() == s["rows"]
+    assert table["'upper bound' violated"].sum() == s["upper_violations"]
 
 
 def test_the_model_pipeline_on_gpt2_random():
@@ -208,6 +217,10 @@ def test_figure3_summary_on_a_known_table():
     assert s["late_N"] == 16 and s["late_max"] == pytest.approx(0.78) and s["late_share"] == 0
     assert s["delta_median"] == pytest.approx(0.1) and s["zero_heads"] == 1 and s["zero_layers"] == [0]
     assert "from N = 8 on" in sep_ch.figure3_prose(s)["stop_text"]
+    table = sep_ch.per_n_table(sep)
+    assert list(table.N) == list(medians) and (table.heads == 3).all()
+    assert list(table["median Nₛ/N"]) == pytest.approx(list(medians.values()))
+    assert list(table["largest Nₛ/N"] - table["smallest Nₛ/N"]) == pytest.approx([0.04] * len(medians))
 
 
 def test_ledger_rules_give_the_verdicts_of_the_old_chapter_code():

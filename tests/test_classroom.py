@@ -288,3 +288,11 @@ def test_hidden_tests_use_no_helper_a_notebook_can_patch():
 def test_hidden_tests_draw_new_inputs_each_time():
     messages = {run_hidden("ch0-ex2", "values", causal_softmax_with(T_times=True)) for _ in range(3)}
     assert len(messages) == 3  # a new seed (and new values) each time
+
+
+def test_course_exercise_title_states_its_check_id_once():
+    from attn_utils.classroom import student
+
+    label, title, body = student._plain_exercise("```{exercise} ch3-ex1: the radius r", iter(
+        [":label: ch3-ex1", ":nonumber:", "", "Write the function.", "```"]))
+    assert (label, title) == ("ch3-ex1", "the radius r") and "Write the function." in "".join(body)

@@ -9,7 +9,6 @@ grade`` does.
 """
 from __future__ import annotations
 
-import itertools
 import json
 import re
 import shlex
@@ -96,10 +95,8 @@ def runs_of(command: Command) -> list[Run]:
         return [_run("notebook", nb.stem, parameters) for nb in build.book_notebooks()]
     if args.command == "run":
         return [_run("notebook", build.resolve_notebook(args.notebook).stem, cli._parameters(args.parameter))]
-    if args.command == "sweep":
-        grid = cli._parameters(args.parameter, multi=True)
-        names = sorted(grid)
-        combos = [dict(zip(names, values)) for values in itertools.product(*(grid[n] for n in names))]
+    if args.command == "sweep":  # wherever its tasks run (--scheduler): here, the same runs
+        combos = sweep.combinations(cli._parameters(args.parameter, multi=True))
         return [_run("notebook", build.resolve_notebook(args.notebook).stem, c) for c in combos]
     if args.command == "student":  # the course's notebooks, run as nbgrader grades them
         stems = [build.resolve_notebook(n).stem for n in args.notebooks] or exercises.exercise_notebooks()
@@ -163,8 +160,13 @@ def test_the_pages_show_the_commands_this_test_knows():
     shown = {c.argv for c in documented_commands()}
     for argv in [("book", "--params", "L=512 seed=1"), ("book", "--params", "model=gpt2 L=512 seed=3"),
                  ("run", "ch2_distance", "-p", "N", "10", "-p", "L", "512"),
-                 ("sweep", "ch4_gradient", "-p", "logit_scale", "raw,model", "-p", "seed", "0,1", "--jobs", "2")]:
+                 ("sweep", "ch4_gradient", "-p", "logit_scale", "raw,model", "-p", "seed", "0,1", "--workers", "2"),
+                 ("sweep", "ch2_distance", "-p", "L", "256,512,1024", "--scheduler", "tcp://127.0.0.1:8786")]:
         assert argv in shown
+    # the commands that start a Dask cluster by hand are shown, and are not read as attn-companion's
+    rerun = code_lines((ROOT / "book" / "rerun.md").read_text())
+    dask = [line for line in rerun if ".venv/bin/dask " in line]
+    assert len(dask) == 2 and all(to_argv(line) is None for line in dask)
     assert {a[0] for a in shown if a} >= {"book", "run", "sweep", "params", "student", "grade"}
     for command in documented_commands():  # every one is a valid command line
         if command.argv:
@@ -172,7 +174,7 @@ def test_the_pages_show_the_commands_this_test_knows():
 
 
 def test_runs_are_scaled_and_deduplicated():
-    sweep_ch2 = Command("x", "", ("sweep", "ch2_distance", "-p", "N", "5,10,20", "--jobs", "2"))
+    sweep_ch2 = Command("x", "", ("sweep", "ch2_distance", "-p", "N", "5,10,20", "--workers", "2"))
     run_ch2 = Command("x", "", ("run", "ch2_distance", "-p", "N", "10", "-p", "L", "512"))
     book = Command("x", "", ("book", "--params", "model=gpt2 L=512"))
     assert [r.values.get("N") for r in runs_of(sweep_ch2)] == [None, 10, 20]  # N = 5: ch2's default

@@ -72,11 +72,32 @@ def test_rules_derive_the_values_the_notebook_uses():
     (dict(offset=10, L=64), {"corpus_tokens": 50}, ("offset", "L", "corpus_tokens"),
      "parameters offset + L = 10 + 64 = 74 exceed the 50 tokens of the corpus"),
     (dict(L=1), None, ("L",), "parameter L must be an integer >= 2, got 1"),
+    (dict(device="cuda"), {"cuda_devices": 0}, ("device", "cuda_devices"),
+     "parameter device = 'cuda' needs a CUDA GPU, but torch sees no CUDA GPU here"),
+    (dict(device="cuda:1"), {"cuda_devices": 1}, ("device", "cuda_devices"),
+     "parameter device = 'cuda:1' needs a CUDA GPU, but torch sees only 1 CUDA GPU(s) here"),
+    (dict(device="gpu"), None, ("device",), "parameter device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'gpu'"),
 ])
 def test_rule_errors_name_the_parameter_and_the_allowed_range(values, facts, names, message):
     with pytest.raises(params.ParameterError) as err:
         params.validate(facts=facts, **values)
     assert str(err.value).startswith(message) and err.value.names == names
+
+
+@pytest.mark.parametrize("device, cuda_devices", [("auto", 0), ("auto", 2), ("cpu", 0), ("cuda", 1), ("cuda:1", 2)])
+def test_device_that_is_there_passes(device, cuda_devices):
+    assert params.validate(facts={"cuda_devices": cuda_devices}, device=device).device == device
+
+
+def test_device_auto_is_the_cpu_without_a_gpu():
+    import torch
+
+    from attn_utils.models.loading import resolve_device
+
+    assert resolve_device("auto") == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA GPU is available here"):
+            resolve_device("cuda")
 
 
 def test_every_rule_is_on_known_parameters_and_facts():

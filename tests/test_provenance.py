@@ -58,7 +58,7 @@ def test_markdown_table_shows_what_produced_the_result():
     assert lines[:2] == ["| provenance | |", "|---|---|"] and all(line.count("|") == 3 for line in lines)
     for text in ("gpt2-random", "12 layers x 12 heads", "random weights, not a pretrained model", "cdcdcdcdcdcdcdcd",
                  "chapters 1-10", "abababababababab", "L = 1024, offsets 0, 1024, ..., 9216 (10 windows)",
-                 "| seed | 0 |", "cpu, float32", "torch ", "wall time", "| note | a note |"):
+                 "| seed | 0 |", "cpu, float32", "torch ", "| run | started ", "| note | a note |"):
         assert text in table
     gqa = _record(model="smollm2-135m", requested="auto", pretrained=True,
                   architecture={"n_layers": 30, "n_heads": 9, "n_kv_heads": 3, "head_dim": 64,

@@ -122,6 +122,10 @@ def preflight(runs: Iterable[tuple[Path, dict[str, Any]]]) -> list[Parameters]:
         values = check_parameters(src, parameters)
         if "model" in values:
             name, facts = _facts(src, values, cache)
+            if "device" in values:
+                import torch
+
+                facts["cuda_devices"] = torch.cuda.device_count()
             try:
                 values = check_parameters(src, parameters, facts)
             except ParameterError as err:

@@ -57,6 +57,16 @@ def fmt(value: Any, digits: int = 3) -> str:
     return "0" if text in ("-0", "0") else text
 
 
+def table(frame, digits: int = 3, caption: str | None = None, index: bool = False):
+    """``frame`` (a pandas DataFrame or Series) for reading: every cell and index label through :func:`fmt`,
+    no truncation, the index hidden unless ``index``; a pandas ``Styler`` that renders as an HTML table."""
+    frame = frame.to_frame() if hasattr(frame, "to_frame") and frame.ndim == 1 else frame
+    styler = frame.style.format(lambda v: fmt(v, digits)).format_index(lambda v: fmt(v, digits))
+    styler = styler.format_index(lambda v: fmt(v, digits), axis=1)
+    styler = styler if index else styler.hide(axis="index")
+    return styler.set_caption(caption) if caption else styler
+
+
 def glue_values(values: Mapping[str, Any], digits: int = 3) -> dict[str, str]:
     """Glue every ``name: value`` as formatted text (``{glue:text}`name``` in the prose); return what was glued."""
     from myst_nb import glue

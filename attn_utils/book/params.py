@@ -10,6 +10,7 @@ read (``attn_utils.book.build.preflight``), before it executes anything.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -102,6 +103,10 @@ SPECS: dict[str, Spec] = {
                         "the normalizers compared"),
     "rows_per_octave": Spec("None (every query row) or an integer >= 1", lambda v: v is None or _is_int(v, 1),
                             "query rows sampled per octave of positions [2^k, 2^(k+1)) in the distance experiments"),
+    "device": Spec("'auto', 'cpu', 'cuda' or 'cuda:N'", lambda v: isinstance(v, str)
+                   and re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", v) is not None,
+                   "where the model and the analysis run; 'auto' takes the first CUDA GPU when there is one, else "
+                   "the CPU"),
     "long_lengths": Spec("None or a non-empty increasing list of integers >= 3",
                          lambda v: v is None or _int_list(3, increasing=True)(v),
                          "windows longer than L for the long-context measurements (chapter ch6_beyond)"),
@@ -112,6 +117,7 @@ SPECS: dict[str, Spec] = {
 FACTS = {
     "context": (("model",), "the model's context length in tokens, from its configuration"),
     "corpus_tokens": (("model", "corpus"), "the tokens of the corpus (its chapters) under the model's tokenizer"),
+    "cuda_devices": (("device",), "the number of CUDA GPUs that torch sees on this machine"),
 }
 
 
@@ -165,6 +171,15 @@ def _long_lengths(long_lengths, L, context):
     return list(long_lengths)
 
 
+def _device_present(device, cuda_devices):
+    index = int(device.partition(":")[2] or 0)
+    if device.startswith("cuda") and index >= cuda_devices:
+        have = f"only {cuda_devices} CUDA GPU(s)" if cuda_devices else "no CUDA GPU"
+        raise ValueError(f"parameter device = {device!r} needs a CUDA GPU, but torch sees {have} here; use "
+                         "device='auto' (the GPU when there is one, else the CPU) or 'cpu'")
+    return device
+
+
 def _window_in_corpus(offset, L, tokens):
     if offset + L > tokens:
         raise ValueError(f"parameters offset + L = {offset} + {L} = {offset + L} exceed the {tokens} tokens of the "
@@ -184,6 +199,8 @@ RULES: tuple[Rule, ...] = (  # in this order: a rule may use a value that an ear
     Rule(("long_lengths", "L", "context"), _long_lengths,
          "long_lengths None means 2L and 4L, those within the model's context; a list must hold increasing lengths "
          "in [L + 1, context]"),
+    Rule(("device", "cuda_devices"), _device_present,
+         "device 'cuda' or 'cuda:N' needs that GPU here; 'auto' takes the GPU when there is one, else the CPU"),
     Rule(("offset", "L", "corpus_tokens"), _window_in_corpus,
          "offset + L must not exceed the tokens of the corpus (its chapters) under the model's tokenizer"),
 )

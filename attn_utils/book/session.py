@@ -34,9 +34,10 @@ class Session:
 
     @classmethod
     def open(cls, *, model: str = "auto", corpus: str = "war-and-peace", chapters=None, offset: int = 0,
-             L: int = 1024, seed: int = 0, device: str = "cpu") -> "Session":
-        """Load ``model`` and the window of ``L`` tokens of ``corpus`` starting at token ``offset``."""
-        validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed)
+             L: int = 1024, seed: int = 0, device: str = "auto") -> "Session":
+        """Load ``model`` on ``device`` (``"auto"``: the GPU when there is one, else the CPU) and the window of ``L``
+        tokens of ``corpus`` starting at token ``offset``; what is captured stays on that device."""
+        validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed, device=str(device))
         net, tokenizer, prov = load_model(model, device=device, seed=seed)
         prov.start()
         prov.seed = seed

@@ -1,20 +1,48 @@
-"""Re-running notebooks with other parameters: one run, or a parallel sweep with an index of figures."""
+"""Re-running notebooks with other parameters: one run here, or a sweep of every combination on a Dask cluster.
+
+:func:`run_one` executes one notebook in this process's machine. :func:`sweep` submits one task per parameter
+combination to ``dask.distributed``: a ``LocalCluster`` of worker processes (one thread each) by default, or the
+running scheduler at ``scheduler``. A task (:func:`execute_task`) executes the notebook with papermill in a
+temporary folder of its worker and returns the executed notebook and its run records as data, so the workers need
+no filesystem in common with the client, which writes each result into its run folder as it arrives. The sweep
+folder then gets a tidy table of every (combination, ledger claim) (:func:`results_table`, Parquet and CSV) and an
+HTML index that compares the runs (:func:`write_index`).
+"""
 from __future__ import annotations
 
 import base64
 import hashlib
 import html
+import importlib.util
+import io
 import itertools
 import json
+import logging
+import math
+import numbers
+import os
 import re
+import secrets
 import shutil
-from concurrent.futures import ProcessPoolExecutor
+import socket
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import nbformat
+import pandas as pd
 
+from attn_utils.book import runlog
 from attn_utils.book.build import NotebookFailed, execute_notebook, preflight
+from attn_utils.book.formatting import fmt
+
+RETRIES = 1  # a task that raises outside its notebook is retried once (a lost worker's task is retried by Dask)
+FIGURES = {"image/png": ("png", base64.b64decode), "image/svg+xml": ("svg", str.encode)}
+GLUED = "application/papermill.record/"  # the prefix of a figure that a chapter glues (myst_nb.glue)
 
 
 def run_slug(parameters: dict[str, Any]) -> str:
@@ -26,17 +54,19 @@ def run_slug(parameters: dict[str, Any]) -> str:
 
 
 def extract_figures(notebook: Path, folder: Path) -> list[Path]:
-    """Write every PNG output of an executed notebook to ``folder``; return the files in order."""
+    """Write every PNG and SVG output of an executed notebook, shown or glued, to ``folder``; return the files in
+    order."""
     folder.mkdir(parents=True, exist_ok=True)
     nb = nbformat.read(notebook, as_version=4)
     files = []
     for c, cell in enumerate(nb.cells):
         for o, output in enumerate(cell.get("outputs", [])):
-            png = output.get("data", {}).get("image/png")
-            if png:
-                path = folder / f"cell{c:02d}_out{o}.png"
-                path.write_bytes(base64.b64decode(png))
-                files.append(path)
+            for mime, (suffix, decode) in FIGURES.items():
+                data = output.get("data", {}).get(mime) or output.get("data", {}).get(GLUED + mime)
+                if data:
+                    path = folder / f"cell{c:02d}_out{o}.{suffix}"
+                    path.write_bytes(decode(data if isinstance(data, str) else "".join(data)))
+                    files.append(path)
     return files
 
 
@@ -48,11 +78,6 @@ def run_one(src: Path, parameters: dict[str, Any], out_root: Path, *, progress: 
     error); a failed run keeps its executed notebook, traceback included. A re-run replaces the folder.
     """
     preflight([(src, parameters)])
-    return _run(src, parameters, out_root, progress=progress)
-
-
-def _run(src: Path, parameters: dict[str, Any], out_root: Path, *, progress: bool) -> Path:
-    """:func:`run_one` without the preflight (done once for a whole sweep)."""
     folder = run_folder(src, parameters, out_root)
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -78,55 +103,357 @@ def _write_status(folder: Path, **status: Any) -> None:
     (folder / "status.json").write_text(json.dumps(status, indent=1))
 
 
-def _run_safely(args) -> dict[str, Any]:
-    src, params, out_root = args
-    out = run_folder(src, params, out_root) / f"{src.stem}.ipynb"
-    try:
-        _run(src, params, out_root, progress=False)
-        return {"parameters": params, "status": "ok", "notebook": str(out), "error": None}
-    except (NotebookFailed, ValueError) as exc:
-        return {"parameters": params, "status": "failed", "notebook": str(out) if out.exists() else None,
-                "error": str(exc)}
+def _status(folder: Path) -> dict[str, Any]:
+    path = folder / "status.json"
+    return json.loads(path.read_text()) if path.is_file() else {"status": "not run"}
 
 
-def sweep(src: Path, grid: dict[str, list[Any]], out_root: Path, *, jobs: int = 1) -> Path:
-    """Execute ``src`` for every combination of ``grid`` values, ``jobs`` at a time; write an HTML index.
+# --- the task, on a worker --------------------------------------------------------------------------------------
 
-    Every combination passes :func:`~attn_utils.book.build.preflight` before anything runs. A failing
-    combination is listed in the index with its error and does not stop the others; the function raises
-    at the end if any failed.
-    """
-    if jobs < 1:
-        raise ValueError(f"jobs must be an integer >= 1, got {jobs}")
+# execute_notebook hands the run folder to the kernel through os.environ: one notebook at a time per worker process
+_ONE_NOTEBOOK = threading.Lock()
+
+
+def execute_task(name: str, source: str, parameters: dict[str, Any]) -> dict[str, Any]:
+    """The Dask task of one combination: execute the notebook ``source`` (the text of the ``py:percent`` file
+    ``name``) with ``parameters`` in a temporary folder of this worker, and return its run folder as data:
+    ``{"files": {relative path: bytes}, "status": {"status": "ok" | "failed", "seconds", "error", "worker"}}``.
+    The files are the executed notebook and the run records the kernel wrote (``claims/``, ``timings/``,
+    ``provenance/``); a notebook that raises is a ``failed`` status, not an exception."""
+    with _ONE_NOTEBOOK, tempfile.TemporaryDirectory(prefix="attn-companion-sweep-") as tmp:
+        src, run = Path(tmp) / name, Path(tmp) / "run"
+        src.write_text(source)
+        start = time.perf_counter()
+        try:
+            seconds = execute_notebook(src, run / f"{src.stem}.ipynb", parameters, run_dir=run, progress=False)
+            status = {"status": "ok", "seconds": seconds}
+        except NotebookFailed as exc:
+            status = {"status": "failed", "seconds": time.perf_counter() - start, "error": str(exc)}
+        files = {p.relative_to(run).as_posix(): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+    return {"files": files, "status": {**status, "worker": _worker_name()}}
+
+
+def _worker_name() -> str:
+    """The address of the Dask worker running this task, and its host."""
+    from distributed import get_worker
+
+    return f"{get_worker().address} ({socket.gethostname()})"
+
+
+# --- the sweep, on the client -----------------------------------------------------------------------------------
+
+def combinations(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """Every combination of the values of ``grid`` (names in sorted order, values in the order given)."""
     names = sorted(grid)
-    combos = [dict(zip(names, values)) for values in itertools.product(*(grid[n] for n in names))]
+    return [dict(zip(names, values)) for values in itertools.product(*(grid[n] for n in names))]
+
+
+def sweep(src: Path, grid: dict[str, list[Any]], out_root: Path, *, workers: int | None = None,
+          scheduler: str | None = None, force: bool = False, progress: bool = True) -> Path:
+    """Execute ``src`` for every combination of ``grid`` values on a Dask cluster; return the sweep's ``index.html``.
+
+    Every combination passes :func:`~attn_utils.book.build.preflight` before anything is submitted. A combination
+    whose run folder says ``ok`` is skipped unless ``force``. Without ``scheduler`` a ``LocalCluster`` of ``workers``
+    processes (default min(2, cores)) on 127.0.0.1 runs the tasks; with it, the scheduler at that address. Each
+    result is written to ``out_root/<notebook>/<slug>/`` as it arrives; a failing combination is recorded there
+    (``status.json``: failed and the error) and does not stop the others. ``out_root/<notebook>/`` then gets
+    ``results.parquet``, ``results.csv`` (:func:`results_table`), ``index.html`` and ``index.json``, also when the
+    sweep is interrupted. Raises :class:`~attn_utils.book.build.NotebookFailed` at the end if a combination failed.
+    """
+    if workers is not None and scheduler is not None:
+        raise ValueError(f"--workers sizes the local cluster; the cluster of --scheduler {scheduler} has its own "
+                         "workers")
+    if workers is not None and workers < 1:
+        raise ValueError(f"--workers must be an integer >= 1, got {workers}")
+    grid_names = sorted(grid)
+    combos = combinations(grid)
     preflight([(src, params) for params in combos])
-    out_root = Path(out_root)
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        results = list(pool.map(_run_safely, [(src, p, out_root) for p in combos]))
-    index = write_index(src.stem, results, out_root / src.stem)
-    failed = [r for r in results if r["error"]]
+    folder = Path(out_root) / src.stem
+    todo = [p for p in combos if force or _status(run_folder(src, p, out_root))["status"] != "ok"]
+    if len(todo) < len(combos):
+        print(f"{len(combos) - len(todo)} of {len(combos)} combinations already finished (status ok): skipped "
+              f"(--force runs them again)", flush=True)
+    with _client(workers, scheduler) if todo else nullcontext() as client:
+        try:
+            if todo:
+                _submit_and_store(client, src, todo, out_root, progress=progress)
+        finally:  # also after an interruption: the table and the index of what finished
+            table = results_table(src, grid_names, combos, out_root)
+            folder.mkdir(parents=True, exist_ok=True)
+            table.to_parquet(folder / "results.parquet", index=False)
+            table.to_csv(folder / "results.csv", index=False)
+            index = write_index(src.stem, grid_names, [(p, run_folder(src, p, out_root)) for p in combos], table,
+                                folder)
+    failed = [p for p in combos if _status(run_folder(src, p, out_root))["status"] != "ok"]
     if failed:
-        raise NotebookFailed(f"{len(failed)} of {len(results)} runs failed; see {index}")
+        raise NotebookFailed(f"{len(failed)} of {len(combos)} runs failed; see {index}")
     return index
 
 
-def write_index(name: str, results: list[dict[str, Any]], folder: Path) -> Path:
-    """An HTML page (and ``index.json``) with one section per run: its parameters, its status and its figures."""
+@contextmanager
+def _client(workers: int | None, scheduler: str | None) -> Iterator[Any]:
+    """A Dask client of the scheduler at ``scheduler``, or of a new LocalCluster (closed on exit); prints where the
+    dashboard is."""
+    from distributed import Client, LocalCluster  # imported when a sweep runs, not by workers unpickling a task
+
+    if scheduler is not None:
+        try:
+            client = Client(scheduler)  # waits distributed.comm.timeouts.connect (Dask's configuration: 30 s)
+        except OSError as err:
+            raise ValueError(f"--scheduler {scheduler}: cannot reach the Dask scheduler: {err}") from None
+        with client:
+            _say_dashboard(client)
+            yield client
+        return
+    n = workers or min(2, _cores())
+    with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as cluster, \
+            Client(cluster) as client:
+        print(f"local Dask cluster: {n} worker process{'es' * (n > 1)}, one thread each, "
+              f"scheduler {cluster.scheduler_address}", flush=True)
+        _say_dashboard(client)
+        yield client
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _say_dashboard(client) -> None:
+    """Print the dashboard's address: the scheduler's web server serves it when bokeh is installed there."""
+    served = "dashboard" in client.scheduler_info().get("services", {})
+    if served and client.run_on_scheduler(lambda: importlib.util.find_spec("bokeh") is not None):
+        print(f"Dask dashboard: {client.dashboard_link}", flush=True)
+    else:
+        print("Dask dashboard: off (the scheduler has no bokeh package, which the dashboard needs)", flush=True)
+
+
+def _submit_and_store(client, src: Path, todo: list[dict[str, Any]], out_root: Path, *, progress: bool) -> None:
+    """Submit one :func:`execute_task` per combination of ``todo``; write each result as it completes."""
+    from distributed import as_completed
+    from tqdm.auto import tqdm
+
+    source, token = src.read_text(), secrets.token_hex(4)
+    futures = {client.submit(execute_task, src.name, source, params, key=f"{src.stem}-{run_slug(params)}-{token}",
+                             pure=False, retries=RETRIES): params for params in todo}
+    bar = tqdm(total=len(futures), desc=f"sweep {src.stem}", unit="run", disable=not progress)
+    try:
+        for future in as_completed(futures):
+            params = futures[future]
+            try:
+                result = future.result()
+            except Exception as exc:  # raised outside the notebook after its retries, or a worker lost too often
+                result = {"files": {}, "status": {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}}
+            _store(src, run_folder(src, params, out_root), params, result)
+            bar.update()
+            if result["status"]["status"] != "ok":
+                bar.write(f"failed: {_label(params)}: {result['status']['error']}", file=sys.stderr)
+    except BaseException:
+        client.cancel(list(futures))
+        raise
+    finally:
+        bar.close()
+
+
+def _store(src: Path, folder: Path, parameters: dict[str, Any], result: dict[str, Any]) -> None:
+    """Write a task's result into its run folder, ``status.json`` last (a folder that says ok is complete)."""
+    files = {(folder / relative).resolve(): data for relative, data in result["files"].items()}
+    outside = [str(path) for path in files if not path.is_relative_to(folder.resolve())]
+    if outside:
+        raise ValueError(f"a task returned files outside its run folder {folder}: {outside}")
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    (folder / "params.json").write_text(json.dumps(parameters, indent=1, default=str))
+    for path, data in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    notebook = folder / f"{src.stem}.ipynb"
+    if notebook.is_file():
+        extract_figures(notebook, folder / "figures")
+    _write_status(folder, **result["status"])
+
+
+def _label(parameters: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in parameters.items()) or "defaults"
+
+
+# --- comparing the runs -----------------------------------------------------------------------------------------
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def results_table(src: Path, names: list[str], combos: list[dict[str, Any]], out_root: Path) -> pd.DataFrame:
+    """The tidy table of a sweep: one row per (combination, recorded ledger claim), and one row with no claim for a
+    combination that recorded none. Columns: the swept parameters ``names`` (a list value as its JSON text),
+    ``run`` (the run folder), ``claim``, ``chapter``, ``verdict``, ``value_<name>`` for every numeric value the
+    claim recorded, ``measured_on`` (the claim's model, or ``synthetic``), then the run's provenance: ``model_used``
+    (the model it loaded, ``auto`` resolved), ``status``, ``seconds``, ``worker`` and ``error``."""
+    rows = []
+    for params in combos:
+        folder = run_folder(src, params, out_root)
+        status = _status(folder)
+        provenance = next(iter(runlog.read("provenance", folder)), {})
+        run = {**{n: _cell(params[n]) for n in names}, "run": folder.name}
+        about = {"model_used": provenance.get("model"), "status": status["status"],
+                 "seconds": status.get("seconds"), "worker": status.get("worker"), "error": status.get("error")}
+        recorded = runlog.read("claims", folder)
+        for claim in recorded:
+            values = {f"value_{k}": float(v) for k, v in claim["values"].items() if _is_number(v)}
+            rows.append({**run, "claim": claim["key"], "chapter": claim["chapter"], "verdict": claim["verdict"],
+                         **values, "measured_on": claim["model"], **about})
+        if not recorded:
+            rows.append({**run, "claim": None, "chapter": None, "verdict": None, "measured_on": None, **about})
+    table = pd.DataFrame(rows)
+    values = sorted(c for c in table.columns if c.startswith("value_"))
+    columns = [*names, "run", "claim", "chapter", "verdict", *values, "measured_on", "model_used", "status", "seconds",
+               "worker", "error"]
+    table = table.reindex(columns=columns)
+    for name in names:  # one type per column (Parquet): text where the values mix numbers and text
+        kinds = {type(v) for v in table[name].dropna()}
+        if len(kinds) > 1 and not all(issubclass(k, numbers.Real) and k is not bool for k in kinds):
+            table[name] = table[name].map(lambda v: None if v is None else str(v))
+    return table
+
+
+def _cell(value: Any) -> Any:
+    """A parameter value as a table cell: scalars as they are, lists and dicts as their JSON text."""
+    return value if value is None or isinstance(value, (str, bool, numbers.Real)) else json.dumps(value)
+
+
+def write_index(name: str, names: list[str], runs: list[tuple[dict[str, Any], Path]], table: pd.DataFrame,
+                folder: Path) -> Path:
+    """``folder/index.html``, one self-contained page (its plots inline): the grid of verdicts (claims x
+    combinations), for each swept numeric parameter the claims' headline numbers against it (a table when it has
+    one value), and every run with its status, error and links to its executed notebook and figures; plus
+    ``index.json``, the runs' parameters and statuses."""
+    from attn_utils.book.figures import VERDICT_COLOURS  # matplotlib and seaborn: only when an index is written
+
     folder.mkdir(parents=True, exist_ok=True)
-    parts = [f"<!doctype html><meta charset='utf-8'><title>Sweep of {html.escape(name)}</title>",
-             f"<h1>Sweep of {html.escape(name)}</h1>"]
-    for r in results:
-        label = ", ".join(f"{k} = {v!r}" for k, v in r["parameters"].items())
-        parts.append(f"<h2>{html.escape(label)}</h2>")
-        error = f": {html.escape(r['error'])}" if r["error"] else ""
-        parts.append(f"<p>status: <b>{r['status']}</b>{error}</p>")
-        if r["notebook"]:
-            nb = Path(r["notebook"])
-            parts.append(f"<p><a href='{nb.relative_to(folder)}'>executed notebook</a></p>")
-            for fig in sorted((nb.parent / "figures").glob("*.png")):
-                parts.append(f"<img src='{fig.relative_to(folder)}' style='max-width:45%'>")
+    statuses = [_status(run) for _, run in runs]
+    ok = sum(s["status"] == "ok" for s in statuses)
+    parts = [f"<!doctype html><meta charset='utf-8'><title>Sweep of {html.escape(name)}</title>", STYLE,
+             f"<h1>Sweep of {html.escape(name)}</h1>",
+             f"<p>{len(runs)} combinations of {', '.join(map(html.escape, names)) or 'no parameter'}: {ok} ok, "
+             f"{len(runs) - ok} not. The tidy table of every (combination, claim): <a href='results.csv'>"
+             f"results.csv</a>, <a href='results.parquet'>results.parquet</a>.</p>",
+             "<h2>Verdicts</h2>", _verdict_grid(runs, statuses, table, VERDICT_COLOURS),
+             "<p>" + " ".join(f"<span class='v' style='background:{c}'>{html.escape(v)}</span>"
+                              for v, c in VERDICT_COLOURS.items()) + "</p>",
+             "<h2>Headline numbers</h2>", _headline_numbers(names, table, VERDICT_COLOURS),
+             "<h2>Runs</h2>", _run_list(runs, statuses, folder)]
     index = folder / "index.html"
     index.write_text("\n".join(parts))
-    (folder / "index.json").write_text(json.dumps(results, indent=1, default=str))
+    listing = [{"parameters": params, "run": run.name, **status} for (params, run), status in zip(runs, statuses)]
+    (folder / "index.json").write_text(json.dumps(listing, indent=1, default=str))
     return index
+
+
+STYLE = """<style>
+body{font-family:system-ui,sans-serif;max-width:75rem;margin:auto;padding:1rem}
+table{border-collapse:collapse;margin:.5rem 0}td,th{border:1px solid #ccc;padding:.2rem .4rem;font-size:.85rem}
+th{background:#f4f4f4}.v{padding:.1rem .4rem;border-radius:.2rem;font-size:.85rem}.failed{background:#f6c6c6}
+img.plot{max-width:100%}</style>"""
+
+
+def _verdict_grid(runs, statuses, table: pd.DataFrame, colours: dict[str, str]) -> str:
+    """Claims (rows) x combinations (columns, named by the parameters that vary), each cell the verdict on its
+    colour; a failed run's column says so."""
+    claims = table.dropna(subset=["claim"]).sort_values(["chapter", "claim"])["claim"].unique()
+    shown = [n for n in runs[0][0] if len({json.dumps(p[n], default=str) for p, _ in runs}) > 1] or list(runs[0][0])
+    head = "".join(f"<th class='{'failed' * (s['status'] != 'ok')}' title='{html.escape(s.get('error') or '')}'>"
+                   f"{html.escape(_label({n: p[n] for n in shown}))}<br>{s['status']}</th>"
+                   for (p, _), s in zip(runs, statuses))
+    verdicts = table.dropna(subset=["claim"]).set_index(["run", "claim"])["verdict"]
+    body = []
+    for claim in claims:
+        cells = []
+        for _, run in runs:
+            verdict = verdicts.get((run.name, claim))
+            cells.append(f"<td style='background:{colours[verdict]}'>{html.escape(verdict)}</td>" if verdict
+                         else "<td>—</td>")
+        body.append(f"<tr><th>{html.escape(claim)}</th>{''.join(cells)}</tr>")
+    if not body:
+        return "<p>No run recorded a claim.</p>"
+    return f"<table><tr><th>claim</th>{head}</tr>{''.join(body)}</table>"
+
+
+def _headline_numbers(names: list[str], table: pd.DataFrame, colours: dict[str, str]) -> str:
+    """For each swept numeric parameter with several values, one figure per claim: each headline number that
+    varies (other than the parameter itself) against the parameter (a line per value of the other swept parameters,
+    points in their verdict's colour);
+    a table of the headline numbers per claim and run where no swept parameter is numeric with several values."""
+    claimed = table.dropna(subset=["claim"])
+    numeric = [n for n in names if claimed[n].map(_is_number).all() and claimed[n].nunique() > 1]
+    if claimed.empty:
+        return "<p>No run recorded a claim.</p>"
+    if not numeric:
+        return _headline_table(names, claimed)
+    parts = []
+    for parameter in numeric:
+        parts.append(f"<h3>Against {html.escape(parameter)}</h3>")
+        for claim, rows in claimed.groupby("claim", sort=True):
+            varying = [c for c in rows.columns if c.startswith("value_") and rows[c].nunique() > 1
+                       and not rows[c].equals(rows[parameter].astype(float))]  # not the parameter itself
+            if varying:
+                svg = _plot(rows, parameter, [n for n in names if n != parameter], varying, colours)
+                parts.append(f"<h4>{html.escape(claim)}</h4><img class='plot' alt='headline numbers of "
+                             f"{html.escape(claim)} against {html.escape(parameter)}' "
+                             f"src='data:image/svg+xml;base64,{base64.b64encode(svg).decode()}'>")
+    return "\n".join(parts)
+
+
+def _headline_table(names: list[str], claimed: pd.DataFrame) -> str:
+    values = [c for c in claimed.columns if c.startswith("value_") and claimed[c].notna().any()]
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in [*names, "claim", "verdict", *values])
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt(row[c]) if _is_number(row[c]) else str(row[c]))}</td>"
+                                    for c in [*names, "claim", "verdict", *values]) + "</tr>"
+                   for _, row in claimed.iterrows())
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _plot(rows: pd.DataFrame, parameter: str, others: list[str], values: list[str], colours: dict[str, str]) -> bytes:
+    """Small SVG plots of ``values`` (columns of ``rows``) against ``parameter``, one line per value of ``others``."""
+    from matplotlib.figure import Figure
+
+    ncols = min(len(values), 4)
+    nrows = math.ceil(len(values) / ncols)
+    fig = Figure(figsize=(2.6 * ncols, 2.1 * nrows), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    groups = rows.groupby(others, dropna=False, sort=True) if others else [((), rows)]
+    for ax, column in zip(axes, values):
+        for key, group in groups:
+            group = group.sort_values(parameter)
+            label = _label(dict(zip(others, key if isinstance(key, tuple) else (key,))))
+            ax.plot(group[parameter], group[column], color="0.55", lw=1, zorder=1, label=label if others else None)
+            ax.scatter(group[parameter], group[column], c=[colours.get(v, "#000000") for v in group["verdict"]],
+                       edgecolors="0.2", linewidths=0.5, s=28, zorder=2)
+        ax.set_xlabel(parameter)
+        ax.set_title(column.removeprefix("value_"), fontsize=9)
+        ax.tick_params(labelsize=7)
+        if rows[parameter].min() > 0 and rows[parameter].max() / rows[parameter].min() >= 8:
+            ax.set_xscale("log", base=2)
+    for ax in axes[len(values):]:
+        ax.set_visible(False)
+    if others and len(groups) > 1:
+        axes[0].legend(fontsize=6)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="svg")
+    return buffer.getvalue()
+
+
+def _run_list(runs, statuses, folder: Path) -> str:
+    """One row per run: parameters, status, seconds, worker, error, links to its notebook and figures."""
+    rows = []
+    for (params, run), status in zip(runs, statuses):
+        notebook = next(run.glob("*.ipynb"), None)
+        links = [f"<a href='{notebook.relative_to(folder).as_posix()}'>notebook</a>"] if notebook else []
+        links += [f"<a href='{f.relative_to(folder).as_posix()}'>{f.stem}</a>"
+                  for f in sorted((run / "figures").glob("*")) if f.suffix in (".png", ".svg")]
+        seconds = status.get("seconds")
+        rows.append(f"<tr class='{'failed' * (status['status'] != 'ok')}'><td>{html.escape(_label(params))}</td>"
+                    f"<td>{status['status']}</td><td>{fmt(seconds) if seconds is not None else ''}</td>"
+                    f"<td>{html.escape(status.get('worker') or '')}</td>"
+                    f"<td>{html.escape(status.get('error') or '')}</td><td>{' '.join(links)}</td></tr>")
+    return ("<table><tr><th>combination</th><th>status</th><th>seconds</th><th>worker</th><th>error</th>"
+            f"<th>files</th></tr>{''.join(rows)}</table>")

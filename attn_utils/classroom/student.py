@@ -122,7 +122,7 @@ def _plain_exercise(first: str, lines: Iterator[str]) -> tuple[str, str, list[st
             label = s.split(None, 1)[1]
         elif body or not s.startswith(":"):  # options come first
             body.append(line)
-    return label, title, body
+    return label, title.removeprefix(f"{label}:").strip() if label else title, body
 
 
 def _points(body: list[str]) -> int:

@@ -56,15 +56,18 @@ def models_dir() -> Path:
 
 
 def resolve_device(device: str | torch.device = "cpu") -> torch.device:
-    """A ``torch.device``; a GPU that is not there is a ``ValueError`` saying so."""
+    """A ``torch.device``: ``"auto"`` is the first CUDA GPU when torch sees one, else the CPU; a GPU that is not
+    there is a ``ValueError`` saying so."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as err:
-        raise ValueError(f"device={device!r} is not a torch device ({err}); use 'cpu' or 'cuda'") from None
+        raise ValueError(f"device={device!r} is not a torch device ({err}); use 'auto', 'cpu' or 'cuda'") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device={device!r} was requested but no CUDA GPU is available here (torch "
-                             f"{torch.__version__}, CUDA build: {torch.version.cuda}); use device='cpu'")
+                             f"{torch.__version__}, CUDA build: {torch.version.cuda}); use device='cpu' or 'auto'")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise ValueError(f"device={device!r}: only {torch.cuda.device_count()} CUDA device(s) exist")
     if dev.type == "mps" and not torch.backends.mps.is_available():

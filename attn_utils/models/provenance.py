@@ -139,8 +139,8 @@ class Provenance:
         rows += [("seed", str(self.seed)), ("device", f"{self.device}, {self.dtype}"),
                  ("versions", ", ".join(f"{k} {v}" for k, v in self.versions.items())),
                  ("environment", _lock_line(self.lock))]
-        if self.wall_time_s is not None:
-            rows.append(("wall time", f"{self.wall_time_s:.1f} s (started {self.started_at})"))
+        if self.started_at:  # the run time is stated once per chapter, from the run record; here only the moment
+            rows.append(("run", f"started {self.started_at}"))
         rows += [("note", n) for n in self.notes]
         lines = ["| provenance | |", "|---|---|"]
         lines += [f"| {k} | {str(v).replace('|', '/')} |" for k, v in rows]

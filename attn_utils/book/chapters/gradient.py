@@ -92,7 +92,7 @@ def two_logit_summary(table: pd.DataFrame, eps: float = 1e-4, c: float = 0.0,
 def plot_two_logit(table: pd.DataFrame) -> plt.Figure:
     """The change and its first-order prediction against eps/T, log-log, under the bound
     min{sqrt 5 eps/(2T), sqrt 2}."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = plt.subplots(figsize=(6.4, 4.8), layout="constrained")
     tidy = table.melt(id_vars="eps/T", value_vars=["change", "first order"], var_name="quantity", value_name="norm")
     sns.lineplot(data=tidy, x="eps/T", y="norm", hue="quantity", style="quantity", markers=True, ax=ax,
                  palette=figures.PALETTE)
@@ -100,7 +100,9 @@ def plot_two_logit(table: pd.DataFrame) -> plt.Figure:
             label=r"bound $\min\{\sqrt{5}\,\varepsilon/(2T), \sqrt{2}\}$")
     ax.set(xscale="log", yscale="log", xlabel=r"$\varepsilon/T$", ylabel=r"$\|\alpha^{(1)}-\alpha^{(2)}\|_2$",
            ylim=(table["change"].min() / 5, 5))  # the first-order term vanishes once the rows are one-hot
-    ax.legend(loc="lower right")
+    handles, labels = ax.get_legend_handles_labels()
+    ax.get_legend().remove()
+    fig.legend(handles, labels, loc="outside lower center", ncol=3, frameon=False, fontsize=10)
     figures.model_title(fig, "Two nearly identical logit vectors whose top two logits swap", "synthetic, no model")
     return fig
 
@@ -173,9 +175,10 @@ def lemma2_check(n_trials: int, seed: int) -> pd.DataFrame:
 
 def lemma2_table(check: pd.DataFrame) -> pd.DataFrame:
     """Per normalizer: instances, largest autograd error, violations of the bound, smallest and median bound / norm."""
-    return check.groupby("normalizer").agg(
-        instances=("norm", "size"), max_relative_error=("relative error", "max"), violations=("violated", "sum"),
-        min_bound_over_norm=("bound / norm", "min"), median_bound_over_norm=("bound / norm", "median"))
+    return check.groupby("normalizer").agg(**{
+        "instances": ("norm", "size"), "largest error against autograd": ("relative error", "max"),
+        "bound violated": ("violated", "sum"), "smallest bound / norm": ("bound / norm", "min"),
+        "median bound / norm": ("bound / norm", "median")}).reset_index()
 
 
 def lemma2_summary(check: pd.DataFrame) -> dict:
@@ -256,11 +259,12 @@ def corollary3_table(check: pd.DataFrame) -> pd.DataFrame:
     """Per kind of instance: the largest ||J||_2 * 2T and max|J_ik| * 4T, the share of instances whose norm exceeds
     the stated bound, and over (instance, eps) the largest g / min{1/(2T), sqrt(2)/eps} and the share of g above
     the stated bound."""
-    table = _instances(check).groupby("kind").agg(
-        instances=("norm", "size"), max_norm_times_2T=("norm * 2T", "max"), max_entry_times_4T=("entry * 4T", "max"),
-        share_norm_above_stated=("norm > stated", "mean"))
-    return table.join(check.groupby("kind").agg(max_g_over_valid_bound=("g / valid bound", "max"),
-                                                share_g_above_stated=("g > stated", "mean")))
+    table = _instances(check).groupby("kind").agg(**{
+        "instances": ("norm", "size"), "largest 2T‖J‖₂": ("norm * 2T", "max"),
+        "largest 4T|Jᵢₖ|": ("entry * 4T", "max"), "share with ‖J‖₂ above the stated bound": ("norm > stated", "mean")})
+    return table.join(check.groupby("kind").agg(**{
+        "largest g / min{1/(2T), √2/ε}": ("g / valid bound", "max"),
+        "share with g above the stated bound": ("g > stated", "mean")})).rename_axis("logits").reset_index()
 
 
 def corollary3_summary(check: pd.DataFrame) -> dict:
@@ -384,8 +388,8 @@ def claim_values(key: str, found: dict) -> dict:
 def plot_figure4(summary: pd.DataFrame, T_model: float, logit_scale: str, model: str, L: int, heads: int) -> plt.Figure:
     """Fig. 4 measured: g(T, eps) per eps against T, log-log, under the paper's dashed min{1/(4T), sqrt 2} and our
     dotted 1/(2T), with the model's own temperature marked."""
-    fig, ax = plt.subplots(figsize=(8.4, 4.6))
-    curves = summary.assign(eps=summary["eps"].map(lambda e: f"{e:g}"))
+    fig, ax = plt.subplots(figsize=(7.4, 5.2), layout="constrained")
+    curves = summary.assign(eps=summary["eps"].map(lambda e: f"ε = {e:g}"))
     sns.lineplot(data=curves, x="T", y="g", hue="eps", style="eps", markers=True, dashes=False, ax=ax,
                  palette=figures.PALETTE)
     T_dense = np.logspace(np.log10(summary["T"].min()), np.log10(summary["T"].max()), 200)
@@ -394,13 +398,21 @@ def plot_figure4(summary: pd.DataFrame, T_model: float, logit_scale: str, model:
     ax.plot(T_dense, [theory.softmax_jacobian_norm_bound(T) for T in T_dense], color="0.45", ls=":", lw=1.2,
             label=r"ours: $1/(2T)$ (and $\sqrt{2}/\varepsilon$ per $\varepsilon$)")
     ax.axvline(T_model, color="0.6", lw=0.8)
-    ax.text(T_model, 0.02, " model's own T", transform=ax.get_xaxis_transform(), va="bottom", fontsize="small",
+    ax.text(T_model, 0.02, " model's own T", transform=ax.get_xaxis_transform(), va="bottom", fontsize=10,
             color="0.4")
     ax.set(xscale="log", yscale="log", xlabel=f"temperature T (logit scale: {logit_scale})",
            ylabel=r"$g(T,\varepsilon)$, max over heads")
-    ax.legend(title=r"$\varepsilon$", fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
-    figures.model_title(fig, f"Finite-difference Jacobian norm, War and Peace, L = {L}, {heads} heads", model)
+    handles, labels = ax.get_legend_handles_labels()
+    ax.get_legend().remove()
+    fig.legend(handles, labels, loc="outside lower center", ncol=3, frameon=False, fontsize=10)
+    figures.model_title(fig, f"Finite-difference Jacobian norm, L = {L}, {heads} heads", model)
     return fig
+
+
+def g_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """g(T, eps) of the summary of Algorithm 5, one row per temperature T and one column per eps."""
+    wide = summary.pivot(index="T", columns="eps", values="g")
+    return wide.rename(columns=lambda e: f"g at ε = {fmt(e)}").rename_axis(columns=None).reset_index()
 
 
 def verdict_table(recorded: dict) -> pd.DataFrame:

@@ -14,7 +14,6 @@ Lemma 2 / Corollary 3 (the sensitivity of the weights to the logits, Algorithm 5
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 
 import matplotlib.pyplot as plt
@@ -42,7 +41,8 @@ PAPER_BAND = (0.70, 0.85)  # the paper's separability plateau (Fig. 3)
 #: Which rules Lemma 1 or Prop. ch6-prop-still-vanish force to vanish (the others escape, Prop. ch6-prop-escape).
 VANISH_THEORY = {"softmax": True, "softmax1": True, "self_adjust": True, "self_adjust_normalized": True,
                  "ssmax": False, "sparsemax": False, "entmax15": False}
-COLOR = dict(zip(registry.COMPARED, sns.color_palette(figures.PALETTE, len(registry.COMPARED))))
+COLOR = figures.NORMALIZER_COLOURS
+FIGSIZE = (7.4, 4.9)     # two panels side by side in the text column, and a legend of up to three rows below
 
 
 # --- the normalizers ---------------------------------------------------------------------------------------
@@ -88,6 +88,47 @@ def _n_axis(ax, values) -> None:
     ax.minorticks_off()
 
 
+def _two_panels(sharey: bool = False):
+    """A figure of two panels side by side that fits the text column, with room below for one legend."""
+    return plt.subplots(1, 2, figsize=FIGSIZE, sharey=sharey, layout="constrained")
+
+
+def _legend_below(fig, *axes, ncol: int = 3) -> None:
+    """One legend for the whole figure, below its panels, from the labelled artists of ``axes`` (each label once);
+    the per-panel legends go, so that no legend covers data."""
+    entries = {}
+    for ax in axes:
+        for handle, text in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(text, handle)
+    for ax in fig.axes:
+        if ax.get_legend() is not None:
+            ax.get_legend().remove()
+    fig.legend(list(entries.values()), list(entries), loc="outside lower center", ncol=ncol, frameon=False,
+               fontsize=10)
+
+
+def _nothing_to_draw(message: str) -> plt.Figure:
+    """A figure that says why nothing is drawn, so that the chapter's figure directive always finds a figure."""
+    fig, ax = plt.subplots(figsize=(7.4, 1.2), layout="constrained")
+    ax.axis("off")
+    ax.text(0.5, 0.5, message, ha="center", va="center", wrap=True)
+    return fig
+
+
+def _by_quantity(frame: pd.DataFrame, names, captions: dict[str, str]) -> dict[str, pd.DataFrame]:
+    """One table per column of ``frame`` (one row per normalizer and N) named in ``captions``, keyed by its caption:
+    rows the geometric normalizers of ``names`` in order, columns ``N = ...``."""
+    order = [label(n) for n in geometric(names)]
+    return {caption: frame.pivot(index="normalizer", columns="N", values=column).reindex(order)
+            .rename(columns=lambda n: f"N = {n}").rename_axis(columns=None) for column, caption in captions.items()}
+
+
+def _by_temperature(table: pd.DataFrame, column: str, names) -> pd.DataFrame:
+    """``column`` of a table with one row per (normalizer, T): rows the normalizers of ``names``, columns ``T = ...``."""
+    wide = table.pivot(index="normalizer", columns="T", values=column).reindex([label(n) for n in names])
+    return wide.rename(columns=lambda T: f"T = {fmt(T)}").rename_axis(columns=None)
+
+
 # --- Lens 1 on synthetic rows: envelopes and planted keys (Props. ch6-prop-still-vanish, ch6-prop-escape) ------
 
 
@@ -122,7 +163,8 @@ class Lemma1Synthetic:
     def extremes(self) -> pd.DataFrame:
         """Median largest weight at the smallest and the largest length, per normalizer and family."""
         t = self.table[self.table.L.isin([min(self.lengths), max(self.lengths)])]
-        return t.pivot_table(index="normalizer", columns=["family", "L"], values="max weight").round(4)
+        return t.pivot_table(index="normalizer", columns=["family", "L"], values="max weight").reindex(
+            [label(n) for n in self.names])
 
     def prose(self) -> dict:
         lo, hi, esc = min(self.lengths), max(self.lengths), self.escapes
@@ -181,18 +223,19 @@ def lemma1_synthetic(names, lengths, n_trials: int, generator: torch.Generator) 
 
 
 def plot_lemma1_synthetic(res: Lemma1Synthetic, seed: int) -> plt.Figure:
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.0), sharey=True)
+    """Median largest weight against L, one line per normalizer: (a) typical rows, (b) rows with a planted key."""
+    fig, axes = _two_panels(sharey=True)
     grid = np.array(res.lengths, dtype=float)
-    titles = {"typical": f"typical rows: logits uniform on [-{A_SYN:g}, {A_SYN:g}]",
-              "planted": f"planted key: gap >= {GAP:g} above every other logit"}
+    titles = {"typical": f"(a) typical rows, logits in [-{A_SYN:g}, {A_SYN:g}]",
+              "planted": f"(b) planted key, gap ≥ {GAP:g}"}
     for ax, family in zip(axes, lenses.FAMILIES):
-        _lines(res.table[res.table.family == family], "L", "max weight", ax, res.names, legend=family == "planted")
+        _lines(res.table[res.table.family == family], "L", "max weight", ax, res.names)
         ax.plot(grid, np.minimum(1, 1 / grid), ":", color="grey", label="$1/L$")
-        ax.set(xscale="log", yscale="log", xlabel="row length $L$", ylabel="median of $\\max_i|\\alpha_i|$",
-               title=titles[family])
-    axes[1].legend(fontsize="x-small", loc="lower left")
-    figures.model_title(fig, f"Lemma 1 lens on synthetic rows (T = {T_SYN:g}, SSMax s = {S_SYN:g}, {res.n_trials} rows "
-                             f"per point, seed {seed})", "synthetic data, no model")
+        ax.set(xscale="log", yscale="log", xlabel="row length $L$", ylabel="median of $\\max_i|\\alpha_i|$")
+        ax.set_title(titles[family], fontsize="medium")
+    _legend_below(fig, axes[0])
+    figures.model_title(fig, f"Lemma 1 lens on synthetic rows ({res.n_trials} rows per point, seed {seed})",
+                        "synthetic data, no model")
     return fig
 
 
@@ -216,11 +259,13 @@ class GeometrySynthetic:
         at = self.table[self.table.N == self.N]
         return {n: lenses.loglog_slope(at[at.name == n].L, at[at.name == n].distance) for n in self.names}
 
-    def at_longest(self) -> pd.DataFrame:
-        """The table at the largest length, one column per N (what the chapter shows)."""
-        t = self.table[self.table.L == self.L_hi]
-        return t.pivot_table(index="normalizer", columns="N", values=["distance", "separability", "support < N",
-                                                                     "separability, support >= N"]).round(3)
+    def at_longest(self) -> dict[str, pd.DataFrame]:
+        """The tables the chapter shows, at the largest length: one per quantity, one column per N."""
+        return _by_quantity(self.table[self.table.L == self.L_hi], self.names, {
+            "distance": f"Median d̃ over the synthetic rows of length {self.L_hi}",
+            "separability": f"Mean Nₛ/N over the synthetic rows of length {self.L_hi}",
+            "support < N": "Share of these rows whose support is smaller than N",
+            "separability, support >= N": "Mean Nₛ/N over the rows whose support holds N keys (n/a: no such row)"})
 
     def prose(self) -> dict:
         at = self.table[self.table.L == self.L_hi]
@@ -277,23 +322,32 @@ def geometry_synthetic(names, lengths, N: int, Ns, n_trials: int, generator: tor
     return GeometrySynthetic(names, N, L_hi, pd.DataFrame(rows), violations, pairs)
 
 
-def plot_geometry_synthetic(res: GeometrySynthetic, seed: int) -> plt.Figure:
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4.0))
+def plot_distance_synthetic(res: GeometrySynthetic, seed: int) -> plt.Figure:
+    """Median d~ of synthetic rows, one line per normalizer: (a) against L at N, (b) against N at the largest L."""
+    fig, axes = _two_panels()
     at_N, at_hi = res.table[res.table.N == res.N], res.table[res.table.L == res.L_hi]
-    _lines(at_N, "L", "distance", axes[0], res.names, legend=False)
-    axes[0].set(xscale="log", yscale="log", xlabel="row length $L$", ylabel=f"median $\\tilde d$ (N = {res.N})",
-                title="distance against L")
-    _lines(at_hi, "N", "distance", axes[1], res.names, legend=False)
-    axes[1].set(yscale="log", xlabel="top-N size $N$", ylabel="median $\\tilde d$",
-                title=f"distance against N (L = {res.L_hi})")
-    _lines(at_hi, "N", "separability", axes[2], res.names)
-    axes[2].set(xlabel="top-N size $N$", ylabel="mean $N_s/N$", ylim=(0, 1.05),
-                title=f"separability against N (L = {res.L_hi})")
-    for ax in axes[1:]:
-        _n_axis(ax, at_hi.N)
-    axes[2].legend(fontsize="x-small")
-    figures.model_title(fig, f"Theorem 1 and 2 lenses on synthetic rows (unit sphere in R^{D_SYN}, logits uniform on "
-                             f"[-{A_SYN:g}, {A_SYN:g}], T = {T_SYN:g}, seed {seed})", "synthetic data, no model")
+    _lines(at_N, "L", "distance", axes[0], res.names)
+    axes[0].set(xscale="log", yscale="log", xlabel="row length $L$", ylabel=f"median $\\tilde d$ (N = {res.N})")
+    axes[0].set_title("(a) against the length", fontsize="medium")
+    _lines(at_hi, "N", "distance", axes[1], res.names)
+    axes[1].set(yscale="log", xlabel="top-N size $N$", ylabel="median $\\tilde d$")
+    axes[1].set_title(f"(b) against N (L = {res.L_hi})", fontsize="medium")
+    _n_axis(axes[1], at_hi.N)
+    _legend_below(fig, axes[0])
+    figures.model_title(fig, f"Theorem 1 lens on synthetic rows (seed {seed})", "synthetic data, no model")
+    return fig
+
+
+def plot_separability_synthetic(res: GeometrySynthetic, seed: int) -> plt.Figure:
+    """Mean N_s / N of synthetic rows against N at the largest length, one line per normalizer."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.8), layout="constrained")
+    at_hi = res.table[res.table.L == res.L_hi]
+    _lines(at_hi, "N", "separability", ax, res.names)
+    ax.set(xlabel="top-N size $N$", ylabel="mean $N_s/N$", ylim=(0, 1.05))
+    _n_axis(ax, at_hi.N)
+    _legend_below(fig, ax)
+    figures.model_title(fig, f"Theorem 2 lens on synthetic rows (L = {res.L_hi}, seed {seed})",
+                        "synthetic data, no model")
     return fig
 
 
@@ -329,7 +383,8 @@ class GradientSynthetic:
         return {n: r >= USABLE for n, r in self.usable.items()}
 
     def norms(self) -> pd.DataFrame:
-        return self.table.pivot_table(index="normalizer", columns="T", values="median norm").map(fmt)
+        """Median ||J||_2 per normalizer (rows) and temperature (columns)."""
+        return _by_temperature(self.table, "median norm", self.names)
 
     def prose(self) -> dict:
         T_mid = min(self.Ts, key=lambda T: abs(math.log(T / 0.1)))  # the grid temperature closest to 0.1
@@ -387,19 +442,22 @@ def gradient_synthetic(names, Ts, n_trials: int, generator: torch.Generator) -> 
 
 
 def plot_gradient_synthetic(res: GradientSynthetic, seed: int) -> plt.Figure:
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.0))
-    _lines(res.table, "T", "median norm", axes[0], res.names, legend=False)
+    """Against T, one line per normalizer: (a) the median spectral norm ||J||_2 with 1/(2T) and 1/T, (b) the share
+    of rows whose Jacobian is exactly zero."""
+    fig, axes = _two_panels()
+    _lines(res.table, "T", "median norm", axes[0], res.names)
     T_dense = np.logspace(np.log10(min(res.Ts)), np.log10(max(res.Ts)), 100)
     axes[0].plot(T_dense, 1 / (2 * T_dense), "k--", lw=1, label="$1/(2T)$")
     axes[0].plot(T_dense, 1 / T_dense, "k:", lw=1, label="$1/T$")
     axes[0].set(xscale="log", yscale="symlog", xlabel="temperature $T$", ylabel="median $\\|J\\|_2$")
     axes[0].set_ylim(bottom=0)
+    axes[0].set_title("(a) the norm of the Jacobian", fontsize="medium")
     _lines(res.table, "T", "share of zero Jacobians", axes[1], res.names)
     axes[1].set(xscale="log", xlabel="temperature $T$", ylabel="share of rows with $J = 0$", ylim=(-0.02, 1.02))
-    for ax in axes:
-        ax.legend(fontsize="x-small")
-    figures.model_title(fig, f"Gradient lens on synthetic rows ({L_G} keys, logits uniform on [-{A_SYN:g}, {A_SYN:g}], "
-                             f"{res.n_trials} rows, SSMax s = {S_SYN:g}, seed {seed})", "synthetic data, no model")
+    axes[1].set_title("(b) rows with no gradient at all", fontsize="medium")
+    _legend_below(fig, axes[0])
+    figures.model_title(fig, f"Gradient lens on synthetic rows ({L_G} keys, {res.n_trials} rows, seed {seed})",
+                        "synthetic data, no model")
     return fig
 
 
@@ -432,7 +490,6 @@ class ModelLogits:
     blocks: dict[str, list[Block]]
     values: torch.Tensor        # (layers, heads, L_run, d), the model's dtype
     softmax_error: float        # max |softmax of our logits - the model's attention| (sanity check)
-    capture_seconds: float
     kv_heads: int
 
     @property
@@ -496,8 +553,7 @@ class ModelLogits:
     def prose(self) -> dict:
         return {"model_name": self.model, "m_L": self.L, "m_Lrun": self.L_run, "m_rows": len(self.main_rows),
                 "m_heads": f"{self.n_layers} layers x {self.n_heads} heads = {self.n_layers * self.n_heads} heads",
-                "m_rows_extra": self.n_extra_rows, "m_err": self.softmax_error, "m_s": fmt(self.s, 4),
-                "m_capture_s": f"{self.capture_seconds:.0f} s"}
+                "m_rows_extra": self.n_extra_rows, "m_err": self.softmax_error, "m_s": fmt(self.s, 4)}
 
 
 def capture_logits(session, long_lengths, rows_per_octave, threads: int | None = None) -> ModelLogits:
@@ -530,18 +586,16 @@ def capture_logits(session, long_lengths, rows_per_octave, threads: int | None =
 
     previous = torch.get_num_threads()
     torch.set_num_threads(threads or previous)
-    start = time.time()
     try:
         capture.capture(reader.model, reader.input_ids, collect, dtype=None, what=("q", "k", "v", "weights"))
     finally:
         torch.set_num_threads(previous)
-    seconds = time.time() - start
     blocks = {g: [Block(row_sets[g][pos], K, torch.stack(stored[g][b]).to(F64),
                         causal_mask(K)[torch.as_tensor(row_sets[g][pos])]) for b, (pos, K) in enumerate(blocks)]
               for g, blocks in groups.items()}
     arch = session.provenance.architecture
     return ModelLogits(session.name, session.context, L, long_run, rows_per_octave, samples, blocks,
-                       torch.stack(values), check["err"], seconds, int(arch.get("n_kv_heads") or arch["n_heads"]))
+                       torch.stack(values), check["err"], int(arch.get("n_kv_heads") or arch["n_heads"]))
 
 
 # --- Lens 1 on the model -----------------------------------------------------------------------------------------
@@ -586,7 +640,7 @@ class Lemma1Model:
             f"slope of median max (token 0 excluded), t >= {T_FIT}": self.slopes,
             "slope of median max (all keys)": {n: self._slope(n, "max") for n in self.names},
             "median max at the last row <= L": last["max, token 0 excluded"], "share of exact zeros": self.zeros,
-            "median entropy": self.entropy}).reindex(self.names).rename(index=lambda n: registry.get(n).label).round(3)
+            "median entropy": self.entropy}).reindex(self.names).rename(index=lambda n: registry.get(n).label)
 
     def prose(self) -> dict:
         slopes, soft = self.slopes, self.slopes.get("softmax", float("nan"))
@@ -639,19 +693,20 @@ def lemma1_model(m: ModelLogits, names) -> Lemma1Model:
 
 
 def plot_lemma1_model(res: Lemma1Model, m: ModelLogits, corpus: str) -> plt.Figure:
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
+    """Median over heads of the largest weight against the row length t, one line per normalizer: (a) all keys,
+    (b) the first key (the attention sink) left out; a grey line at t = L when a longer window was read."""
+    fig, axes = _two_panels(sharey=True)
     t = res.curve.t.unique()
-    for ax, column in zip(axes, ("max", "max, token 0 excluded")):
-        _lines(res.curve, "t", column, ax, res.names, legend=column == "max")
+    for ax, column, title in zip(axes, ("max", "max, token 0 excluded"), ("(a) all keys", "(b) first key left out")):
+        _lines(res.curve, "t", column, ax, res.names)
         ax.plot(t, 1 / t, ":", color="grey", label="$1/t$")
         if m.long_lengths:
             ax.axvline(m.L, color="0.5", lw=0.8)
         ax.set(xscale="log", yscale="log", xlabel="row length $t$ (keys seen)",
-               ylabel="median over heads of $\\max_i|\\alpha_i|$",
-               title="largest weight" if column == "max" else "largest weight, first token excluded")
-    axes[0].legend(fontsize="x-small", loc="lower left")
-    figures.model_title(fig, f"Lemma 1 lens on the model's re-normalized logits ({corpus}, window {m.L_run} tokens, "
-                             f"{m.rows_per_octave} rows per octave, SSMax s = 1/log {m.L})", m.model)
+               ylabel="median over heads of $\\max_i|\\alpha_i|$")
+        ax.set_title(title, fontsize="medium")
+    _legend_below(fig, axes[0])
+    figures.model_title(fig, f"Lemma 1 lens on the model's logits, re-normalized ({m.L_run}-token window)", m.model)
     return fig
 
 
@@ -679,9 +734,14 @@ class GeometryModel:
     def at(self, n_top: int) -> pd.DataFrame:
         return self.summary[self.summary.N == n_top].set_index("name")
 
-    def table(self) -> pd.DataFrame:
-        return self.summary.pivot_table(index="normalizer", columns="N", values=[
-            "distance", "separability", "support < N", "separability, support >= N"]).round(3)
+    def table(self) -> dict[str, pd.DataFrame]:
+        """The tables the chapter shows: one per quantity, one column per N."""
+        return _by_quantity(self.summary, self.names, {
+            "distance": "On the model: median over heads of the per-head mean d̃",
+            "separability": "On the model: median over heads of the per-head mean Nₛ/N",
+            "support < N": "On the model: share of the rows whose support is smaller than N",
+            "separability, support >= N": "On the model: the same Nₛ/N, only over the rows whose support holds N keys "
+                                          "(n/a: no such row)"})
 
     def prose(self) -> dict:
         sep = self.at(self.N_max)
@@ -753,19 +813,20 @@ def _geometry_summary(m: ModelLogits, rows: pd.DataFrame, grid) -> pd.DataFrame:
 
 
 def plot_geometry_model(res: GeometryModel, m: ModelLogits, corpus: str) -> plt.Figure:
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
-    _lines(res.summary, "N", "distance", axes[0], res.names, legend=False)
-    axes[0].set(yscale="log", xlabel="top-N size $N$", ylabel="median over heads of mean $\\tilde d$",
-                title=f"distance against N (rows t <= {m.L})")
+    """Median over heads of the per-head means against N, one line per normalizer: (a) d~, (b) N_s / N with the
+    paper's 0.70-0.85 band."""
+    fig, axes = _two_panels()
+    _lines(res.summary, "N", "distance", axes[0], res.names)
+    axes[0].set(yscale="log", xlabel="top-N size $N$", ylabel="median over heads of mean $\\tilde d$")
+    axes[0].set_title("(a) distance", fontsize="medium")
     _lines(res.summary, "N", "separability", axes[1], res.names)
-    axes[1].axhspan(*PAPER_BAND, color="0.85", alpha=0.6, zorder=0)
-    axes[1].set(xlabel="top-N size $N$", ylabel="median over heads of mean $N_s/N$", ylim=(0, 1.05),
-                title="separability against N (grey: the paper's 0.70-0.85)")
+    axes[1].axhspan(*PAPER_BAND, color="0.85", alpha=0.6, zorder=0, label="the paper's 0.70–0.85")
+    axes[1].set(xlabel="top-N size $N$", ylabel="median over heads of mean $N_s/N$", ylim=(0, 1.05))
+    axes[1].set_title("(b) separability", fontsize="medium")
     for ax in axes:
         _n_axis(ax, res.summary.N)
-    axes[1].legend(fontsize="x-small")
-    figures.model_title(fig, f"Theorem 1 and 2 lenses on the model's re-normalized logits ({corpus}, L = {m.L}, value "
-                             f"vectors, {m.rows_per_octave} rows per octave)", m.model)
+    _legend_below(fig, *axes)
+    figures.model_title(fig, f"Theorem 1 and 2 lenses on the model's logits, re-normalized (L = {m.L})", m.model)
     return fig
 
 
@@ -790,7 +851,8 @@ class GradientModel:
         return {n: r >= USABLE for n, r in self.usable.items()}
 
     def medians(self) -> pd.DataFrame:
-        return self.table.pivot_table(index="normalizer", columns="T", values="median").map(fmt)
+        """Median over heads of the per-head mean ||J v||, per normalizer (rows) and temperature (columns)."""
+        return _by_temperature(self.table, "median", self.names)
 
     def prose(self) -> dict:
         return {"m_keep": listing(n for n in self.names if self.keeps[n]),
@@ -824,14 +886,16 @@ def gradient_model(m: ModelLogits, names, Ts, seed: int) -> GradientModel:
 
 
 def plot_gradient_model(res: GradientModel, m: ModelLogits, seed: int) -> plt.Figure:
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
+    """The directional derivative ||J v|| per head, averaged over rows, against T, one line per normalizer: (a) the
+    largest head, as the paper's g, (b) the median head."""
+    fig, axes = _two_panels(sharey=True)
     for ax, stat in zip(axes, ("max", "median")):
-        _lines(res.table, "T", stat, ax, res.names, legend=stat == "median")
-        ax.set(xscale="log", yscale="log", xlabel="temperature T (multiple of the model's own)",
-               ylabel=f"{stat} over heads of mean $\\|Jv\\|$", title=f"{stat} over heads")
-    axes[1].legend(fontsize="x-small")
-    figures.model_title(fig, f"Gradient lens on the model's logits (directional derivative, rows t <= {m.L}, "
-                             f"{m.rows_per_octave} rows per octave, seed {seed})", m.model)
+        _lines(res.table, "T", stat, ax, res.names)
+        ax.set(xscale="log", yscale="log", xlabel="T (multiple of the model's own)",
+               ylabel="mean $\\|Jv\\|$ of a head")
+        ax.set_title("(a) largest head" if stat == "max" else "(b) median head", fontsize="medium")
+    _legend_below(fig, axes[0])
+    figures.model_title(fig, f"Gradient lens on the model's logits (rows t ≤ {m.L}, seed {seed})", m.model)
     return fig
 
 
@@ -884,6 +948,14 @@ def summary(names, lem: Lemma1Synthetic, geo_syn: GeometrySynthetic, grad_syn: G
     both_text = (f"Only {listing(both)} both escapes Lemma 1 and keeps a usable gradient" if both else
                  "No rule measured here both escapes Lemma 1 and keeps a usable gradient")
     return table, " ".join(sentence(n) for n in names), both_text
+
+
+def summary_tables(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """The summary table of :func:`summary` in two parts that each fit the text column, keyed by their captions: the
+    columns of Lemma 1's lens, then those from the distance lens on."""
+    cut = next(i for i, c in enumerate(table.columns) if c.startswith("synthetic: slope of d~"))
+    return {"The remedies under Lemma 1's lens": table.iloc[:, :cut],
+            "The remedies under the distance, separability and gradient lenses": table.iloc[:, cut:]}
 
 
 # --- beyond L: the paper's curves on the longer window -----------------------------------------------------------
@@ -975,8 +1047,12 @@ def long_context(m: ModelLogits, geo: GeometryModel) -> LongContext:
 
 
 def plot_long_context(res: LongContext, corpus: str) -> plt.Figure:
+    """The paper's curves with the model's softmax up to the longest window: (a) d~ at N against the window length
+    L' (Fig. 2a) with a line of slope 1, (b) N_s / N against N at L and at the longest window (Fig. 3)."""
     m, curves = res.m, res.curves
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    if not len(curves):
+        return _nothing_to_draw("Softmax is not among the normalizers measured: the paper's curves are not drawn.")
+    fig, axes = _two_panels()
     axes[0].plot(curves.L, curves.distance, "o-", color=COLOR["softmax"], label="mean over heads")
     axes[0].plot(curves.L, curves["distance, median head"], "s--", color=COLOR["softmax"], alpha=0.6,
                  label="median head")
@@ -984,18 +1060,16 @@ def plot_long_context(res: LongContext, corpus: str) -> plt.Figure:
     anchor = curves.set_index("L").distance.get(m.L, curves.distance.iloc[-1])
     axes[0].plot(ref_L, anchor * ref_L / m.L, ":", color="grey", label="linear in $L$ (slope 1)")
     axes[0].axvline(m.L, color="0.5", lw=0.8)
-    axes[0].set(xscale="log", yscale="log", xlabel="window length $L'$",
-                ylabel=f"mean $\\tilde d$ over rows (N = {res.N})",
-                title="distance against window length (paper's Fig. 2a)")
-    axes[0].legend(fontsize="x-small")
+    axes[0].set(xscale="log", yscale="log", xlabel="window length $L'$", ylabel=f"mean $\\tilde d$ (N = {res.N})")
+    axes[0].set_title("(a) distance (Fig. 2a)", fontsize="medium")
     sns.lineplot(data=res.separability, x="N", y="separability", hue="window", style="window", markers=True,
                  dashes=False, ax=axes[1])
-    axes[1].axhspan(*PAPER_BAND, color="0.85", alpha=0.6, zorder=0)
-    axes[1].set(xlabel="top-N size $N$", ylabel="median over heads of mean $N_s/N$", ylim=(0, 1.05),
-                title="separability against N (paper's Fig. 3; grey: its 0.70-0.85)")
+    axes[1].axhspan(*PAPER_BAND, color="0.85", alpha=0.6, zorder=0, label="the paper's 0.70–0.85")
+    axes[1].set(xlabel="top-N size $N$", ylabel="median over heads of $N_s/N$", ylim=(0, 1.05))
+    axes[1].set_title("(b) separability (Fig. 3)", fontsize="medium")
     _n_axis(axes[1], res.separability.N)
-    figures.model_title(fig, f"The paper's curves up to {m.L_run} tokens ({corpus}, model's own softmax, value "
-                             f"vectors, {m.rows_per_octave} rows per octave)", m.model)
+    _legend_below(fig, *axes)
+    figures.model_title(fig, f"The paper's curves up to {m.L_run} tokens (the model's own softmax)", m.model)
     return fig
 
 
@@ -1024,6 +1098,10 @@ class Coverage:
     @property
     def row(self) -> pd.Series:
         return self.table.set_index("N").loc[self.N]
+
+    def shown(self) -> pd.DataFrame:
+        """The table on its side, one column per N, so that it fits the text column."""
+        return self.table.set_index("N").T.rename(columns=lambda n: f"N = {n}").rename_axis(columns=None)
 
     @property
     def pvalue_text(self) -> str:
@@ -1129,21 +1207,24 @@ def _coverage_row(n_top, n_heads, n_samples, total, null, null_layer, obs_layer,
 
 
 def plot_coverage(res: Coverage, corpus: str, seed: int) -> plt.Figure:
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    """(a) Against N: the observed coverage, its two predictions and the mean p; (b) per N, box plots of the phi
+    coefficient of the pairs of heads of a layer."""
+    if not len(res.table):
+        return _nothing_to_draw("Softmax is not among the normalizers measured, or no N of the grid is below L: no coverage to draw.")
+    fig, axes = _two_panels()
     t = res.table
     for column, style in (("observed coverage", "o-"), ("independence given selection", "s--"),
                           ("paper 1-(1-p)^H", "^:"), ("mean p = N_s/N", "v-.")):
         axes[0].plot(t.N, t[column], style, label=column)
-    axes[0].set(xlabel="top-N size $N$", ylabel="share of the universe U (or p)", ylim=(0, 1.05),
-                title="coverage by the heads of a layer")
+    axes[0].set(xlabel="top-N size $N$", ylabel="share of U (or p)", ylim=(0, 1.05))
+    axes[0].set_title("(a) coverage by a layer's heads", fontsize="medium")
     _n_axis(axes[0], t.N)
-    axes[0].legend(fontsize="x-small")
     sns.boxplot(data=res.phis.dropna(), x="N", y="phi", hue="pair", ax=axes[1], fliersize=1, linewidth=0.8)
     axes[1].axhline(0, color="black", lw=0.8)
-    axes[1].set(ylabel="phi coefficient of a pair of heads",
-                title="pairs of heads: separated or not, on keys both select")
-    axes[1].legend(fontsize="x-small")
+    axes[1].set(xlabel="top-N size $N$", ylabel="phi of a pair of heads")
+    axes[1].set_title("(b) pairs of heads", fontsize="medium")
+    _legend_below(fig, *axes, ncol=2)
     m = res.m
-    figures.model_title(fig, f"Multi-head coverage and independence ({corpus}, L = {m.L}, {m.n_layers} layers x "
-                             f"{m.n_heads} heads, {res.n_samples} permutations, seed {seed})", m.model)
+    figures.model_title(fig, f"Coverage by {m.n_heads} heads per layer ({res.n_samples} permutations, seed {seed})",
+                        m.model)
     return fig

@@ -20,6 +20,8 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 import torch
+from matplotlib.legend_handler import HandlerTuple
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from attn_utils.book import figures
@@ -89,47 +91,61 @@ def figure1_instance(seed: int = 0, L: int = 12, N: int = 4, sigma: float = 1.5,
                    nearest, float(ratio[0]), M, sigma)
 
 
-def draw_figure1(fig1: Figure1) -> plt.Figure:
-    """The paper's Figure 1 from ``fig1``: (a) the points, (b) their rescaling, (c) the selective ball."""
-    c = _colors()
-    fig, axes = plt.subplots(1, 3, figsize=(12.5, 4.6))
+def _figure1_markers() -> tuple[dict, dict]:
+    """Scatter styles of the figure: selected keys as magenta stars (as in the paper), the others as black dots."""
+    return dict(c="m", marker="*", s=150, zorder=3, linewidths=0), dict(c="k", s=16, zorder=3)
+
+
+def draw_figure1_rescaling(fig1: Figure1) -> plt.Figure:
+    """The paper's Figure 1, left and middle panels, from ``fig1``: (a) the points on the circle, (b) each point
+    multiplied by its weight."""
+    fig, axes = plt.subplots(1, 2, figsize=(7.4, 4.3), layout="constrained")
     circle = np.linspace(0, 2 * np.pi, 300)
     sel, sc, M = fig1.selected, fig1.scaled, fig1.M
-    kw_sel, kw_rest = dict(c="m", marker="*", s=170, zorder=3), dict(c="k", s=18, zorder=3)
-    ax = axes[0]
-    ax.plot(M * np.cos(circle), M * np.sin(circle), color="0.7", lw=1)
-    ax.scatter(*fig1.x[~sel].T, label="non-selected", **kw_rest)
-    ax.scatter(*fig1.x[sel].T, label=f"top-{fig1.N} (selected)", **kw_sel)
-    ax.set_title(r"(a) embeddings $x_i$ on the circle $\|x\|=M$")
-    ax = axes[1]
-    ax.plot(M * np.cos(circle), M * np.sin(circle), color="0.88", lw=1)
+    kw_sel, kw_rest = _figure1_markers()
+    for ax, points, grey in ((axes[0], fig1.x, "0.7"), (axes[1], sc, "0.88")):
+        ax.plot(M * np.cos(circle), M * np.sin(circle), color=grey, lw=1)
+        ax.scatter(*points[~sel].T, label="not selected", **kw_rest)
+        ax.scatter(*points[sel].T, label=f"selected (top {fig1.N})", **kw_sel)
+        ax.set_aspect("equal")
     for i in range(fig1.L):
-        ax.annotate("", xy=sc[i], xytext=fig1.x[i], arrowprops=dict(arrowstyle="->", color="0.65", lw=0.7))
-    ax.scatter(*sc[~sel].T, **kw_rest)
-    ax.scatter(*sc[sel].T, **kw_sel)
-    ax.set_title(r"(b) rescaled points $\alpha_i x_i$ move to the origin")
-    ax = axes[2]
-    ax.add_patch(plt.Circle(fig1.s, fig1.r, facecolor=c["green"], alpha=0.18, edgecolor=c["green"], ls="--"))
+        axes[1].annotate("", xy=sc[i], xytext=fig1.x[i], arrowprops=dict(arrowstyle="->", color="0.65", lw=0.7))
+    axes[0].set_title(r"(a) $x_i$ on the circle $\|x\|=M$", fontsize="medium")
+    axes[1].set_title(r"(b) rescaled: $\alpha_i x_i$", fontsize="medium")
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=2, frameon=False)
+    figures.model_title(fig, "The paper's Figure 1 redrawn, (a)-(b): the weights pull the points to the origin",
+                        "synthetic data, no model")
+    return fig
+
+
+def draw_figure1_ball(fig1: Figure1) -> plt.Figure:
+    """The paper's Figure 1, right panel, from ``fig1``: the rescaled points near s, the selective ball B_r(s) whose
+    radius reaches the nearest non-selected point, and which selected points lie strictly inside it."""
+    c = _colors()
+    fig, ax = plt.subplots(figsize=(6.0, 5.6), layout="constrained")
+    sel, sc = fig1.selected, fig1.scaled
+    kw_sel, kw_rest = _figure1_markers()
+    ax.add_patch(plt.Circle(fig1.s, fig1.r, facecolor=c["green"], alpha=0.18, edgecolor=c["green"], ls="--",
+                            label="the ball $B_r(s)$"))
     ax.plot(*np.stack([fig1.s, sc[fig1.nearest]]).T, color=c["green"], lw=1)
     ax.annotate("$r$", (fig1.s + sc[fig1.nearest]) / 2, textcoords="offset points", xytext=(4, 4), color=c["green"])
-    ax.scatter(*sc[~sel].T, label="non-selected", **kw_rest)
-    ax.scatter(*sc[fig1.inside].T, label="selected, distinguishable", **kw_sel)
-    ax.scatter(*sc[sel & ~fig1.inside].T, facecolors="none", edgecolors="m", marker="*", s=170, zorder=3,
-               label="selected, outside the ball")
-    ax.scatter(*fig1.s, color=c["blue"], marker="X", s=90, zorder=4, label="context vector $s$")
-    pts = np.vstack([sc, fig1.s[None]])
-    centre, half = (pts.max(0) + pts.min(0)) / 2, max(np.ptp(pts, axis=0).max() / 2, fig1.r) * 1.15
-    ax.set_xlim(centre[0] - half, centre[0] + half)
-    ax.set_ylim(centre[1] - half, centre[1] + half)
-    ax.set_title(r"(c) zoom: the selective ball $B_r(s)$")
-    for ax in axes:
-        ax.set_aspect("equal")
-    handles = [h for ax in (axes[0], axes[2]) for h in ax.get_legend_handles_labels()[0]]
-    labels = [t for ax in (axes[0], axes[2]) for t in ax.get_legend_handles_labels()[1]]
-    keep = [labels.index(t) for t in dict.fromkeys(labels)]
-    fig.legend([handles[k] for k in keep], [labels[k] for k in keep], loc="lower center", ncol=5, frameon=False,
-               bbox_to_anchor=(0.5, -0.06))
-    figures.model_title(fig, "Figure 1 redrawn: geometric separation in two dimensions", "synthetic data, no model")
+    ax.scatter(*sc[~sel].T, label="not selected", **kw_rest)
+    ring = ax.scatter(*sc[fig1.inside].T, facecolors="none", edgecolors=c["green"], marker="o", s=330, lw=1.4,
+                      zorder=3)
+    star = ax.scatter(*sc[fig1.inside].T, **kw_sel)
+    ax.scatter(*sc[sel & ~fig1.inside].T, facecolors="none", edgecolors="m", marker="*", s=150, lw=1, zorder=3,
+               label="selected, outside")
+    ax.scatter(*fig1.s, color=c["blue"], marker="X", s=80, zorder=4, label="context vector $s$")
+    lo, hi = np.minimum(sc.min(0), fig1.s - fig1.r), np.maximum(sc.max(0), fig1.s + fig1.r)  # points and ball
+    centre, half = (hi + lo) / 2, (hi - lo).max() / 2 * 1.08
+    ax.set(xlim=(centre[0] - half, centre[0] + half), ylim=(centre[1] - half, centre[1] + half), aspect="equal")
+    handles, labels = ax.get_legend_handles_labels()
+    handles.insert(2, (ring, star))
+    labels.insert(2, "selected, inside (distinguishable)")
+    fig.legend(handles, labels, loc="outside lower center", ncol=2, frameon=False,
+               handler_map={tuple: HandlerTuple(ndivide=1)})
+    figures.model_title(fig, "The paper's Figure 1 redrawn, (c): the selective ball (zoom)",
+                        "synthetic data, no model")
     return fig
 
 
@@ -166,6 +182,18 @@ def counterexample(tol: float = TOL) -> dict:
     if not (row["ratio"] >= row["lower"] - tol and bool((X <= xi + tol).all())):
         raise AssertionError(f"a proven fact of Theorem 2 fails on the counterexample: {row}")
     return {**row, "fails": row["ratio"] > row["upper"] + tol}
+
+
+#: The rows of :func:`counterexample_table`: key of :func:`counterexample` and what it is, in words.
+COUNTEREXAMPLE_ROWS = {"N": "selected keys N", "L": "keys L", "d": "dimension d", "delta": "minimum distance δ",
+                       "r": "radius r", "max_X": "largest Xᵢ", "min_xi": "smallest ξᵢ", "ratio": "measured Nₛ/N",
+                       "upper": "'upper bound'", "lower": "lower bound"}
+
+
+def counterexample_table(cx: dict) -> pd.DataFrame:
+    """The counterexample of :func:`counterexample` as a two-column table (quantity, value)."""
+    return pd.DataFrame({"quantity": list(COUNTEREXAMPLE_ROWS.values()),
+                         "value": [cx[key] for key in COUNTEREXAMPLE_ROWS]})
 
 
 # --- Theorem 2 on random spheres ----------------------------------------------------------------------
@@ -217,11 +245,12 @@ def synthetic_rows(L: int, Ns: Sequence[int], sigmas: Sequence[float], n_trials:
 
 
 def synthetic_table(syn: pd.DataFrame) -> pd.DataFrame:
-    """Per (sigma, N): mean fraction and bounds, violation counts, largest X_i - xi_i."""
-    return syn.groupby(["sigma", "N"]).agg(
-        ratio=("ratio", "mean"), lower=("lower", "mean"), upper=("upper", "mean"),
-        lower_violations=("lower_violated", "sum"), upper_violations=("upper_violated", "sum"),
-        max_xi_gap=("xi_gap", "max"))
+    """Per (sigma, N), for reading: mean fraction and bounds, violation counts, largest X_i - xi_i."""
+    return syn.groupby(["sigma", "N"]).agg(**{
+        "mean Nₛ/N": ("ratio", "mean"), "mean lower bound": ("lower", "mean"),
+        "mean 'upper bound'": ("upper", "mean"), "lower bound violated": ("lower_violated", "sum"),
+        "'upper bound' violated": ("upper_violated", "sum"), "largest Xᵢ − ξᵢ": ("xi_gap", "max")}
+    ).reset_index().rename(columns={"sigma": "σ"})
 
 
 def synthetic_summary(syn: pd.DataFrame, tol: float = TOL) -> dict:
@@ -245,27 +274,30 @@ def synthetic_summary(syn: pd.DataFrame, tol: float = TOL) -> dict:
 
 
 def draw_synthetic(syn: pd.DataFrame, L: int) -> plt.Figure:
-    """Mean over rows of N_s/N and of both bounds against N, one line per sigma: (a) the fraction and the
+    """Mean over rows of N_s/N and of both bounds against N, one colour per sigma: (a) the fraction and the
     "upper bound", (b) the proven lower bound."""
-    names = {"ratio": "measured $N_s/N$", "upper": "'upper bound' (heuristic)", "lower": "lower bound (proven)"}
-    long = syn.melt(id_vars=["sigma", "N"], value_vars=list(names), var_name="quantity")
-    long["quantity"] = long.quantity.map(names)
-    long["sigma"] = long.sigma.map(lambda v: f"{v:g}")
+    means = syn.groupby(["sigma", "N"])[["ratio", "upper", "lower"]].mean().reset_index()
+    styles = {"ratio": ("measured $N_s/N$", "-", "o"), "upper": ("'upper bound' (heuristic)", "--", "^"),
+              "lower": ("lower bound (proven)", ":", "s")}
+    palette = sns.color_palette(figures.PALETTE)
     Ns = sorted(syn.N.unique())
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.3))
-    for ax, parts in zip(axes, ([names["ratio"], names["upper"]], [names["lower"]])):
-        sns.lineplot(data=long[long.quantity.isin(parts)], x="N", y="value", hue="sigma", style="quantity",
-                     markers=True, errorbar=None, ax=ax, palette=figures.PALETTE)
+    fig, axes = plt.subplots(1, 2, figsize=(7.4, 4.4), layout="constrained")
+    for ax, quantities in zip(axes, (["ratio", "upper"], ["lower"])):
+        for k, (sigma, part) in enumerate(means.groupby("sigma")):
+            for q in quantities:
+                ax.plot(part.N, part[q], ls=styles[q][1], marker=styles[q][2], ms=4, color=palette[k])
         ax.set_xscale("log", base=2)
         ax.set_xticks(Ns, [str(n) for n in Ns])
-        ax.set_xlabel("top-N size $N$")
-        ax.set_ylabel("mean over rows")
-        ax.legend(fontsize="small", title=r"$\sigma$ / quantity", title_fontsize="small")
-    axes[0].set_title("(a) separability fraction and the exponential 'upper bound'")
+        ax.minorticks_off()
+        ax.set(xlabel="top-N size $N$", ylabel="mean over rows")
+    axes[0].set_title("(a) $N_s/N$ and the 'upper bound'", fontsize="medium")
     axes[1].axhline(0, color="0.3", lw=1)
-    axes[1].set_title("(b) the proven lower bound (below 0: vacuous)")
-    figures.model_title(fig, f"Theorem 2 on random spheres (d = {SYN_D}, L = {L}, logits N(0, sigma^2))",
-                        "synthetic data, no model")
+    axes[1].set_title("(b) the proven lower bound", fontsize="medium")
+    handles = [Line2D([], [], color=palette[k], lw=2, label=f"$\\sigma$ = {sigma:g}")
+               for k, sigma in enumerate(sorted(syn.sigma.unique()))]
+    handles += [Line2D([], [], color="0.3", ls=ls, marker=m, ms=4, label=name) for name, ls, m in styles.values()]
+    fig.legend(handles=handles, loc="outside lower center", ncol=2, frameon=False)
+    figures.model_title(fig, f"Theorem 2 on random spheres (d = {SYN_D}, L = {L})", "synthetic data, no model")
     return fig
 
 
@@ -322,10 +354,27 @@ def rowwise_summary(rowwise: pd.DataFrame) -> dict:
             "upper_share": upper / max(n, 1), "vacuous": float((rowwise.lower[rowwise.N > 1] < 0).mean())}
 
 
+def rowwise_table(rowwise: pd.DataFrame) -> pd.DataFrame:
+    """Per N: the model rows checked and how many violate each bound of Theorem 2."""
+    return rowwise.groupby("N").agg(**{"rows checked": ("ratio", "size"),
+                                       "lower bound violated": ("lower_violated", "sum"),
+                                       "'upper bound' violated": ("upper_violated", "sum")}).reset_index()
+
+
 def per_n_stats(sep: pd.DataFrame) -> pd.DataFrame:
     """Per N, over the heads: median and max of the per-head mean N_s/N, means of both bounds."""
     return sep.groupby("N").agg(median=("separability", "median"), max=("separability", "max"),
                                 mean_upper=("upper", "mean"), mean_lower=("lower", "mean"))
+
+
+def per_n_table(sep: pd.DataFrame) -> pd.DataFrame:
+    """Per N, for reading: over the heads, the smallest, median and largest per-head mean N_s/N, and the means of
+    both bounds."""
+    by_n = sep.groupby("N")
+    return pd.DataFrame({"heads": by_n.size(), "smallest Nₛ/N": by_n.separability.min(),
+                         "median Nₛ/N": by_n.separability.median(), "largest Nₛ/N": by_n.separability.max(),
+                         "mean lower bound": by_n.lower.mean(), "mean 'upper bound'": by_n.upper.mean()}
+                        ).reset_index()
 
 
 def figure3_summary(sep: pd.DataFrame) -> dict:
@@ -374,22 +423,23 @@ def draw_figure3(sep: pd.DataFrame, model: str, vectors: str, M: float) -> plt.F
     """The paper's Figure 3: per N, boxes of the per-head mean N_s/N, the mean of both bounds over heads, the
     largest head, and the paper's 70-85 % band."""
     c, stats = _colors(), per_n_stats(sep)
-    fig, ax = plt.subplots(figsize=(10, 5))
+    fig, ax = plt.subplots(figsize=(7.4, 5.2), layout="constrained")
     positions = np.arange(len(stats))
-    ax.axhspan(*PAPER_RANGE, color="0.85", alpha=0.6, zorder=0, label="paper's plateau, 0.70–0.85")
+    ax.axhspan(*PAPER_RANGE, color="0.85", alpha=0.6, zorder=0, label="the paper's plateau, 0.70–0.85")
     sns.boxplot(data=sep, x="N", y="separability", color=c["green"], ax=ax, width=0.55, fliersize=2,
                 boxprops=dict(alpha=0.85))
     ax.plot(positions, stats.mean_upper, "o-", color=c["red"], label="'upper bound' (heuristic), mean over heads")
-    ax.plot(positions, stats["max"], "v--", color="k", ms=6, lw=1, label="max over heads of $N_s/N$")
+    ax.plot(positions, stats["max"], "v--", color="k", ms=6, lw=1, label="largest head")
     ax.plot(positions, stats.mean_lower, "s-", color=c["blue"], label="lower bound (proven), mean over heads")
     ax.axhline(0, color="0.3", lw=0.8)
     ax.set_xlabel("top-N size $N$")
     ax.set_ylabel(r"per-head mean of $N_s/N$ over rows")
     handles, _ = ax.get_legend_handles_labels()
-    handles.insert(1, Patch(facecolor=c["green"], edgecolor="0.3", label="$N_s/N$ per head (boxes)"))
-    ax.legend(handles=handles, loc="lower left", fontsize="small")
+    handles.insert(1, Patch(facecolor=c["green"], edgecolor="0.3", label="$N_s/N$ of the heads (boxes)"))
+    fig.legend(handles=handles, loc="outside lower center", ncol=2, frameon=False)
     L = int(sep.L.iloc[0])
-    figures.model_title(fig, f"Geometric separability vs N (Figure 3), L = {L}, {vectors} vectors, M = {M:g}", model)
+    figures.model_title(fig, f"Separability against N (the paper's Figure 3), L = {L}, {vectors} vectors, M = {M:g}",
+                        model)
     return fig
 
 
