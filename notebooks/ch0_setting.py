@@ -42,16 +42,15 @@ seed = 0                  # seed of the synthetic examples
 # %%
 from attn_utils.book.params import validate
 
-validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed)
+_ = validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed)
 
 # %% tags=["hide-input"]
-import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
 from attn_utils.book import figures
 from attn_utils.book.chapters import setting
-from attn_utils.book.formatting import glue_values
+from attn_utils.book.formatting import glue_values, table
 from attn_utils.book.session import Session
 from attn_utils.mathematics import normalizers
 
@@ -113,16 +112,14 @@ figures.set_style()
 # | `softmax1` | $e^{z_i}/(1+\sum_j e^{z_j})$ {cite}`miller2023offbyone` | no (less than one) |
 # | `self_adjust` | $z_i\,\mathrm{softmax}(z)_i$ {cite}`zheng2025selfadjust` | no (may be negative) |
 #
-# Below, one row of twelve random logits goes through each of them at two temperatures.
+# Below, one row of twelve random logits goes through each of them at two temperatures; the table gives,
+# per normalizer and temperature, the total of the twelve values, the largest one and how many are not zero.
 
 # %%
 logits = torch.randn(12, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)) * 2
 weights = setting.weights_table(logits, Ts=(1.0, 0.25))
 summary = setting.weights_summary(weights)
-summary
-
-# %% tags=["hide-input"]
-plt.show(setting.weights_figure(weights))
+table(summary.reset_index())
 
 # %% tags=["remove-cell"]
 glue_values({"sparsemax_support": summary.loc[("sparsemax", 1.0), "nonzero"],
@@ -131,12 +128,30 @@ glue_values({"sparsemax_support": summary.loc[("sparsemax", 1.0), "nonzero"],
              "softmax_largest_T1": summary.loc[("softmax", 1.0), "largest"],
              "softmax_largest_T025": summary.loc[("softmax", 0.25), "largest"]})
 
+# %% tags=["hide-input"]
+figures.glue_figure("fig_ch0_normalizers", setting.weights_figure(weights))
+
 # %% [markdown]
+# ```{glue:figure} fig_ch0_normalizers
+# ---
+# name: fig-ch0-normalizers
+# alt: >-
+#   Six bar charts in two columns, one per normalizer (softmax, sparsemax, 1.5-entmax, scalable softmax,
+#   softmax-1, self-adjust softmax), each showing the value given to each of twelve keys, with a light bar for
+#   temperature 1 and a dark bar for temperature 0.25; every panel has its own vertical scale.
+# ---
+#
+# **One row of logits under six normalizers** (synthetic data, no model). Each panel has its own vertical
+# scale: self-adjust softmax multiplies a weight by its logit, so its values can exceed one or fall below
+# zero and would flatten the other panels on a shared axis. Look at how many bars are exactly zero under
+# sparsemax and 1.5-entmax, and at how much taller the dark bars (lower temperature) are at the largest logit.
+# ```
+#
 # At $T=1$ the softmax gives every key some weight, its largest being
 # {glue:text}`softmax_largest_T1`; lowering the temperature to $T=0.25$ sharpens it to
 # {glue:text}`softmax_largest_T025`. Sparsemax keeps only {glue:text}`sparsemax_support` of the 12
-# keys and 1.5-entmax {glue:text}`entmax_support`: both produce exact zeros. Softmax-1 leaves part of
-# the mass unassigned (its weights sum to {glue:text}`softmax1_total`), and self-adjust softmax
+# keys and 1.5-entmax {glue:text}`entmax_support`: both produce exact zeros ({numref}`fig-ch0-normalizers`).
+# Softmax-1 leaves part of the mass unassigned (its weights sum to {glue:text}`softmax1_total`), and self-adjust softmax
 # multiplies each weight by its own logit, so its values are not weights of a distribution at all.
 
 # %% [markdown]
@@ -167,7 +182,7 @@ glue_values({"sparsemax_support": summary.loc[("sparsemax", 1.0), "nonzero"],
 
 # %%
 session = Session.open(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed)
-pd.Series(session.summary(), name="value").to_frame()
+table(pd.Series(session.summary()).rename_axis("model and window").reset_index(name="value"))
 
 # %%
 weights0 = session.capture_layer(0).weights[0]  # (heads, L, L)
@@ -178,14 +193,30 @@ glue_values({"model_name": session.name, "model_description": session.descriptio
              **checks}, digits=2)
 
 # %% tags=["hide-input"]
-plt.show(setting.heatmaps(weights0, session.name))
+figures.glue_figure("fig_ch0_heatmaps", setting.heatmaps(weights0, session.name))
 
 # %% [markdown]
+# ```{glue:figure} fig_ch0_heatmaps
+# ---
+# name: fig-ch0-heatmaps
+# alt: >-
+#   Four square heat maps in a two-by-two grid, one per attention head of the first layer, with the query
+#   position on the vertical axis and the key position on the horizontal axis; colour gives the weight on a
+#   square-root scale, and the cells above the diagonal, which the causal mask hides, are grey and hatched.
+# ---
+#
+# **The first layer's attention on *War and Peace*, measured on {glue:text}`model_name`** (first
+# {glue:text}`L_shown` tokens of the window, four heads). Row $t$ holds the weights that query $t$ gives
+# to the keys $j\le t$ (positions counted from 0, so query $t$ sees $t+1$ keys). Grey hatched cells are keys the query cannot see, not
+# zero weights. Look at the first column, the window's first token: the darker it is down the rows, the
+# more weight the queries park there (the average share is given below).
+# ```
+#
 # The captured rows sum to one up to {glue:text}`row_error` and the weights above the diagonal are
 # at most {glue:text}`upper_max`: the causal mask is in place. Averaged over the
 # {glue:text}`n_heads` heads of this layer and over queries, the first token of the window receives a
-# share {glue:text}`first_key_share` of each query's weight — the "attention sink" {cite}`xiao2024sinks` that pretrained
-# models develop, and one reason why a few keys can dominate a row.
+# share {glue:text}`first_key_share` of each query's weight ({numref}`fig-ch0-heatmaps`) — the "attention
+# sink" {cite}`xiao2024sinks` that pretrained models develop, and one reason why a few keys can dominate a row.
 #
 # ```{admonition} What this means
 # Every result of the next chapters is about these rows: how much weight one key can keep when a row
@@ -211,8 +242,9 @@ session.provenance_table()
 # %% [markdown]
 # ## Exercises
 #
-# ```{exercise} Shifts, temperature and masks
+# ```{exercise} ch0-ex1: Shifts, temperature and masks
 # :label: ch0-ex1
+# :nonumber:
 #
 # Let $\alpha=\operatorname{softmax}(l/T)$ for one row of logits $l\in\R^L$ and a temperature $T>0$.
 #
@@ -248,8 +280,9 @@ session.provenance_table()
 # ```{solution-end}
 # ```
 #
-# ```{exercise} A causal softmax with temperature
+# ```{exercise} ch0-ex2: A causal softmax with temperature
 # :label: ch0-ex2
+# :nonumber:
 #
 # Write a function `causal_softmax(logits, T)` for logits of shape $(\dots,L,L)$ (row $t$ is query $t$,
 # column $j$ is key $j$, any leading batch dimensions) that returns the weights
@@ -276,7 +309,7 @@ def causal_softmax(logits: torch.Tensor, T: float = 1.0) -> torch.Tensor:
 
 demo = torch.randn(2, 5, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)) * 3
 gap = (causal_softmax(demo, 0.5) - normalizers.softmax(demo, mask=normalizers.causal_mask(5), T=0.5)).abs().max()
-print(f"largest difference from normalizers.softmax: {float(gap):.1e}")
+print(f"largest difference from normalizers.softmax: {float(gap):.2g}")
 
 # %% [markdown]
 # ```{solution-end}

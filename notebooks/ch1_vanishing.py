@@ -67,7 +67,7 @@ import torch
 
 from attn_utils.book import claims, figures
 from attn_utils.book.chapters import vanishing
-from attn_utils.book.formatting import fmt, glue_values
+from attn_utils.book.formatting import fmt, glue_values, table
 from attn_utils.book.session import Session
 from attn_utils.mathematics import normalizers, theory
 
@@ -117,7 +117,7 @@ gen = torch.Generator().manual_seed(p.seed)  # one stream for every synthetic dr
 # the other $L-1$ at its minimizer, that key gets $\alpha = M_F/(M_F+(L-1)m_F)$, and
 # $L\alpha\to M_F/m_F=C_2$ as $L\to\infty$. The same configuration with the roles swapped approaches
 # the lower bound. So $1/L$ is the exact rate, and the constants are the best possible ones that do
-# not depend on $L$ ({ref}`ch1-ex1` asks for the proof).
+# not depend on $L$ ({ref}`exercise ch1-ex1 <ch1-ex1>` asks for the proof).
 #
 # For softmax, $F(l,T)=e^{l/T}$, and the logit $l_i=q^\top k_i$ is controlled by the norms of the
 # query and the keys.
@@ -161,12 +161,12 @@ gen = torch.Generator().manual_seed(p.seed)  # one stream for every synthetic dr
 # $\max\big(\max_i\alpha_i/(C_2/L),\ (C_1/L)/\min_i\alpha_i\big)$, which is at most 1 exactly when
 # the row satisfies both bounds; a row counts as a violation when its tightness exceeds $1+10^{-9}$
 # (float64 rounding where a bound is attained). The table gives, per function, the rows checked, the
-# violations, and the largest and median tightness.
+# violations, and the largest (to six digits) and median tightness.
 
 # %%
 family = vanishing.positive_functions(p.Ts)
 lemma1 = vanishing.lemma1_table(family, p.synthetic_lengths, p.n_trials, gen)  # one row per synthetic row
-vanishing.lemma1_summary(lemma1)
+table(vanishing.lemma1_summary(lemma1).reset_index()).format(lambda v: fmt(v, 6), subset=["tightest"])
 
 # %% tags=["remove-cell"]
 f1 = vanishing.lemma1_facts(lemma1, p.Ts)
@@ -176,16 +176,32 @@ lemma1_claim = claims.record("ch1-lemma1-synthetic", model="synthetic", violatio
 _ = glue_values({**f1, "lemma1_tightest": fmt(f1["lemma1_tightest"], 6), "lemma1_verdict": lemma1_claim.verdict})
 
 # %% tags=["hide-input"]
-fig = vanishing.plot_lemma1(lemma1, a=f1["a_fig"])
+figures.glue_figure("fig_ch1_lemma1", vanishing.plot_lemma1(lemma1, a=f1["a_fig"]))
 
 # %% [markdown]
+# ```{glue:figure} fig_ch1_lemma1
+# ---
+# name: fig-ch1-lemma1
+# alt: >-
+#   Log-log plots in two columns, one panel per positive function F (softmax at each temperature, softplus,
+#   one plus sigmoid), of attention weights against the row length L: the largest weight of any row, the
+#   median largest weight of the uniform rows and the smallest weight of any row, between two dashed lines
+#   C2/L and C1/L of slope minus one.
+# ---
+#
+# **Lemma 1 on synthetic rows** (no model; logits in $[-a,a]$ with $a=${glue:text}`a_fig`). Each panel
+# is one function $F$; the dashed lines are the envelope $C_2/L$ (top) and $C_1/L$ (bottom) of
+# {prf:ref}`ch1-lemma1`, and the thin grey line is weight 1. Look for any marker outside its envelope,
+# and at how close the largest and smallest weights come to the dashed lines as $L$ grows.
+# ```
+#
 # Over {glue:text}`lemma1_cases` synthetic rows ({glue:text}`lemma1_n_F` functions $F$,
 # {glue:text}`lemma1_n_L` lengths up to {glue:text}`lemma1_Lmax`, logit bounds $a$ = {glue:text}`a_grid`),
 # the number of rows outside the bounds of {prf:ref}`ch1-lemma1` is **{glue:text}`lemma1_violations`** (verdict:
 # {glue:text}`lemma1_verdict`). The tightest row reaches {glue:text}`lemma1_tightest` of its bound:
 # the extreme rows approach the bound as $L$ grows, as the remark after the proof predicts. A typical
 # row with uniform logits is much further from it (median tightness {glue:text}`lemma1_uniform_median`).
-# The figure shows the rows with $a=${glue:text}`a_fig`: in log-log coordinates the envelope $C_1/L$,
+# {numref}`fig-ch1-lemma1` shows the rows with $a=${glue:text}`a_fig`: in log-log coordinates the envelope $C_1/L$,
 # $C_2/L$ consists of two lines of slope $-1$, and every weight falls between them. Where the
 # constants are moderate, the largest weight follows the slope $-1$. At the smallest temperature,
 # $T=${glue:text}`T_small`, the constant $C_2=e^{2a/T}$ is about {glue:text}`c2_small`, so the
@@ -205,7 +221,7 @@ fig = vanishing.plot_lemma1(lemma1, a=f1["a_fig"])
 
 # %%
 cor1 = vanishing.corollary1_table(p.Ts, p.synthetic_lengths, p.n_trials, gen)  # one row per (q, keys) row
-vanishing.corollary1_summary(cor1)
+table(vanishing.corollary1_summary(cor1).reset_index()).format(lambda v: fmt(v, 6), subset=["tightest"])
 
 # %% tags=["remove-cell"]
 f2 = vanishing.corollary1_facts(cor1)
@@ -252,18 +268,32 @@ _ = glue_values({**f2, "cor1_tightest": fmt(f2["cor1_tightest"], 6), "cor1_verdi
 # %%
 escape = vanishing.escape_table(p.synthetic_lengths, p.n_trials, gen)  # one row per (row, normalizer)
 escape_mean = escape.groupby(["normalizer", "L"])["max weight"].mean().unstack(0)
-escape_mean
+table(escape_mean.reset_index())
 
 # %% tags=["remove-cell"]
 _ = glue_values({"esc_gap": vanishing.GAP, "esc_L": max(p.synthetic_lengths),
                  **{f"esc_{name}": fmt(escape_mean[name].iloc[-1], 4) for name in vanishing.ESCAPE_NORMALIZERS}})
 
 # %% tags=["hide-input"]
-fig = vanishing.plot_escape(escape)
+figures.glue_figure("fig_ch1_escape", vanishing.plot_escape(escape))
 
 # %% [markdown]
+# ```{glue:figure} fig_ch1_escape
+# ---
+# name: fig-ch1-escape
+# alt: >-
+#   Log-log plot of the mean largest weight of a row against the row length L, one line per normalizer
+#   (softmax, scalable softmax, sparsemax), with a dotted line 1/L for comparison.
+# ---
+#
+# **Who keeps a planted key** (synthetic rows, no model; one key's logit exceeds the others by
+# {glue:text}`esc_gap`, $T=1$). Look at which lines stay flat as $L$ grows and which one bends down
+# towards the slope of the dotted $1/L$ line.
+# ```
+#
 # With a planted logit gap of {glue:text}`esc_gap`, at $L=${glue:text}`esc_L` the softmax gives the
-# planted key a mean weight of {glue:text}`esc_softmax` (it follows the slope $-1$ of the lemma),
+# planted key a mean weight of {glue:text}`esc_softmax` (it follows the slope $-1$ of the lemma;
+# {numref}`fig-ch1-escape`),
 # scalable softmax {glue:text}`esc_ssmax` and sparsemax {glue:text}`esc_sparsemax`. How much these
 # remedies cost elsewhere (gradients, separability) is the subject of later chapters.
 
@@ -282,7 +312,7 @@ fig = vanishing.plot_escape(escape)
 # %%
 session = Session.open(model=p.model, corpus=p.corpus, chapters=p.chapters, offset=p.offset, L=p.L, seed=p.seed)
 captured = session.capture(what=("weights", "q", "k"))  # (layers, heads, L, L) weights; (layers, heads, L, d) q, k
-pd.Series(session.summary(), name="value").to_frame()
+table(pd.Series(session.summary()).rename_axis("model and window").reset_index(name="value"))
 
 # %% [markdown]
 # For each layer we apply `theory.corollary1_bounds` to every row with the causal mask, so that
@@ -294,11 +324,12 @@ pd.Series(session.summary(), name="value").to_frame()
 # we also recompute every row as $\operatorname{softmax}(q^\top k/T)$ from the captured $q$ and $k$.
 # The result is a tidy table with one row per (layer, head, row $t$): the row's largest and smallest
 # weight, its largest weight without the first token, the mean of its five largest weights, the weight
-# on the first token, its two bounds, and $\log_{10}e^{2\Delta_t/T}$.
+# on the first token, its two bounds, and $\log_{10}e^{2\Delta_t/T}$. Below, these quantities for the
+# last row of the first five heads, one column per head.
 
 # %%
 check = vanishing.model_rows(captured)  # Corollary 1 on every weight; tidy per-row table in check.rows
-check.rows[check.rows.t == check.rows.t.max()].head()
+table(vanishing.last_rows(check.rows).reset_index())
 
 # %% tags=["remove-cell"]
 f3 = vanishing.model_facts(check, captured)
@@ -317,17 +348,32 @@ _ = glue_values({**f3, "model_name": session.name, "model_rtol": vanishing.MODEL
 # temperature the model uses. But the bounds are very far from the data: over the rows with $t\ge2$
 # (row 1 has a single weight, equal to 1) the largest ratio of a row's largest weight to its upper
 # bound is {glue:text}`m_tight_up`, and the largest ratio of a lower bound to the row's smallest
-# weight is {glue:text}`m_tight_lo`. The next figure shows why.
+# weight is {glue:text}`m_tight_lo`. {numref}`fig-ch1-spread` shows why.
 
 # %% tags=["hide-input"]
-fig = vanishing.plot_spread(check.rows, session.name)
+figures.glue_figure("fig_ch1_spread", vanishing.plot_spread(check.rows, session.name))
 
 # %% [markdown]
-# Left: for each layer of {glue:text}`model_name` (window of {glue:text}`m_L` tokens of the corpus,
-# the model's own logit scale $q^\top k/T$ with $T=${glue:text}`m_T`, all heads and rows $t\ge2$), the
-# distribution of $\log_{10}e^{2\Delta_t/T}$, the factor by which Corollary 1 lets a weight exceed
-# $1/t$. Right: that factor for all rows pooled, against the factor actually used,
-# $\log_{10}(t\max_j\alpha_{t,j})$. The median row is allowed a factor $10^{m}$ with
+# ```{glue:figure} fig_ch1_spread
+# ---
+# name: fig-ch1-spread
+# alt: >-
+#   Two stacked panels. Top, box plots per layer of the base-10 logarithm of the factor by which
+#   Corollary 1 lets a weight exceed 1 over t, with a dashed horizontal line at log10 of the window length.
+#   Bottom, two histograms on one axis: that allowed factor and the factor actually used, both as log10 of
+#   t times a weight.
+# ---
+#
+# **How much room Corollary 1 leaves, measured on {glue:text}`model_name`** (window of {glue:text}`m_L`
+# tokens, the model's own logit scale $q^\top k/T$ with $T=${glue:text}`m_T`, all heads and rows
+# $t\ge2$). Top: per layer, the distribution of $\log_{10}e^{2\Delta_t/T}$, the factor by which the
+# corollary lets a weight exceed $1/t$; above the dashed line the upper bound exceeds 1 on every row.
+# Bottom: that factor for all rows pooled, against the factor actually used,
+# $\log_{10}(t\max_j\alpha_{t,j})$. Look at the gap between the two histograms: it is the margin by
+# which the bound holds.
+# ```
+#
+# The median row is allowed a factor $10^{m}$ with
 # $m=${glue:text}`m_spread_median` (the smallest $m$ over all rows is {glue:text}`m_spread_min`), so the upper bound exceeds 1, and says
 # nothing, on {glue:text}`m_vacuous` % of the rows. The observed factor has median
 # {glue:text}`m_obs_median` and maximum {glue:text}`m_obs_max` in $\log_{10}$: the bound holds with
@@ -344,11 +390,13 @@ fig = vanishing.plot_spread(check.rows, session.name)
 # of order one whatever the row length, while saying nothing about the ability to pick out a content
 # token. We average each of them over all heads at every row length $t$, and, since single rows are
 # noisy, average these curves again over about 40 log-spaced bins of $t$ before fitting a line in
-# log-log coordinates; the table shows a few of the bins.
+# log-log coordinates; the table shows a few of the bins (n/a: a row with fewer than five keys has no
+# mean of five largest weights).
 
 # %%
 by_t, binned = vanishing.decay_curves(check.rows)  # per t, and per log-spaced bin of t
-binned.iloc[np.unique(np.geomspace(1, len(binned), 8).astype(int)) - 1].round(4)
+table(binned.iloc[np.unique(np.geomspace(1, len(binned), 8).astype(int)) - 1].rename(columns=vanishing.DECAY_LABELS)
+      .reset_index())
 
 # %% tags=["remove-cell"]
 f4 = vanishing.decay_facts(check.rows, binned)
@@ -359,15 +407,27 @@ _ = glue_values({**f4, "m_vanish_verdict": vanish_claim.verdict, "m_vanish_readi
                  "m_rule": str(claims.specs()["ch1-vanishing-model"].rule)})
 
 # %% tags=["hide-input"]
-fig = vanishing.plot_decay(by_t, binned, f4["m_slope_nosink"], session.name)
+figures.glue_figure("fig_ch1_decay", vanishing.plot_decay(by_t, binned, f4["m_slope_nosink"], session.name))
 
 # %% [markdown]
-# Averages over all heads ({glue:text}`m_heads`) of {glue:text}`model_name`, for each row length $t$
-# of the same window ({glue:text}`m_L` tokens, the model's own temperature). Thin lines are single
-# rows, thick lines their averages over log-spaced bins of $t$; the wide grey line is the least-squares
-# fit of the binned median (token 0 excluded) over $t\ge${glue:text}`m_tmin` (grey vertical line).
-# The dash-dotted line is the uniform weight $1/t$, the level Lemma 1 pins every weight to when its
-# constants are moderate.
+# ```{glue:figure} fig_ch1_decay
+# ---
+# name: fig-ch1-decay
+# alt: >-
+#   Log-log plot of attention weights against the row length t, averaged over all heads: the mean and
+#   median largest weight with and without the first token, the mean of the five largest weights and the
+#   weight on the first token, each as a thin per-row line and a thick binned line, with a fitted line and
+#   the uniform weight 1 over t.
+# ---
+#
+# **Do the largest weights fade with the row length? Measured on {glue:text}`model_name`** (averages over
+# all {glue:text}`m_heads`, same window of {glue:text}`m_L` tokens, the model's own temperature). Thin
+# lines are single row lengths $t$, thick lines their averages over log-spaced bins of $t$; the wide grey
+# line is the least-squares fit of the binned median (token 0 excluded) over $t\ge${glue:text}`m_tmin`
+# (grey vertical line). The dash-dotted line is the uniform weight $1/t$, the level Lemma 1 pins every
+# weight to when its constants are moderate. Compare the slope of the grey fit with that of the
+# dash-dotted line, and watch whether the weight on token 0 stays flat.
+# ```
 #
 # The fitted log-log slope of the **median largest weight excluding the first token** is
 # **{glue:text}`m_slope_nosink`** over $t\ge${glue:text}`m_tmin`; with the first token included the
@@ -377,7 +437,7 @@ fig = vanishing.plot_decay(by_t, binned, f4["m_slope_nosink"], session.name)
 # as $\Theta(1/L)$" is: {glue:text}`m_rule`. Verdict: **{glue:text}`m_vanish_verdict`**:
 # {glue:text}`m_vanish_reading`. This does not contradict Lemma 1: the lemma's $1/L$ regime
 # starts only when $L$ is large compared with the constant $C_2=e^{2\Delta/T}$, and on this model that
-# constant is astronomically large (previous figure), so nothing in the theory forces the decay at
+# constant is astronomically large ({numref}`fig-ch1-spread`), so nothing in the theory forces the decay at
 # $t\le${glue:text}`m_L`. One window
 # mixes the effect of length with the effect of position and content (row $t$ is also the $t$-th token
 # of the text), so this is a description of the model at work, not a controlled experiment.
@@ -391,7 +451,7 @@ fig = vanishing.plot_decay(by_t, binned, f4["m_slope_nosink"], session.name)
 # %%
 slopes = vanishing.head_slopes(check.rows)  # one row per (layer, head)
 classes = vanishing.head_classes(slopes)
-classes.round(1)
+table(classes.reset_index())
 
 # %% tags=["remove-cell"]
 _ = glue_values({"head_decay": vanishing.HEAD_DECAY, "head_flat": vanishing.HEAD_FLAT,
@@ -400,15 +460,27 @@ _ = glue_values({"head_decay": vanishing.HEAD_DECAY, "head_flat": vanishing.HEAD
                     for col, tag in (("token 0 included", "sink"), ("token 0 excluded", "nosink"))}})
 
 # %% tags=["hide-input"]
-fig = vanishing.plot_head_slopes(slopes, f4["m_tmin"], session.name)
+figures.glue_figure("fig_ch1_head_slopes", vanishing.plot_head_slopes(slopes, f4["m_tmin"], session.name))
 
 # %% [markdown]
-# Slopes of every head of {glue:text}`model_name` (same window and logit scale as above); the solid
+# ```{glue:figure} fig_ch1_head_slopes
+# ---
+# name: fig-ch1-head-slopes
+# alt: >-
+#   Histograms of the per-head log-log slope of the largest weight against the row length, one with and
+#   one without the first token, with a solid vertical line at slope minus one and two dashed lines at the
+#   class limits.
+# ---
+#
+# **Per-head decay, measured on {glue:text}`model_name`** (same window and logit scale as above). The solid
 # line is the slope $-1$ of Lemma 1, the dashed lines the class limits {glue:text}`head_decay` and
-# {glue:text}`head_flat`. Counting the
-# first token, {glue:text}`m_frac_decay_sink` of the heads decay roughly like $1/t$ and
-# {glue:text}`m_frac_flat_sink` keep an $O(1)$ largest weight; without it, the shares are
-# {glue:text}`m_frac_decay_nosink` and {glue:text}`m_frac_flat_nosink`.
+# {glue:text}`head_flat`. Look at how many heads lie left of the first dashed line (decaying roughly like
+# $1/t$) and how many right of the second ($O(1)$ largest weight).
+# ```
+#
+# Counting the first token, {glue:text}`m_frac_decay_sink` % of the heads decay roughly like $1/t$ and
+# {glue:text}`m_frac_flat_sink` % keep an $O(1)$ largest weight ({numref}`fig-ch1-head-slopes`); without
+# it, the shares are {glue:text}`m_frac_decay_nosink` % and {glue:text}`m_frac_flat_nosink` %.
 #
 # ```{admonition} What this means
 # Lemma 1 and Corollary 1 are true and simple, and our checks agree: {glue:text}`lemma1_violations` and
@@ -425,8 +497,6 @@ fig = vanishing.plot_head_slopes(slopes, f4["m_tmin"], session.name)
 # escapes against their effect on gradients.
 # ```
 #
-# ## Provenance
-
 # ## Key takeaways
 #
 # * **Lemma 1 is a theorem with a sharp rate.** Any positive normalizer that does not know $L$, on logits
@@ -455,8 +525,9 @@ session.provenance_table()
 # %% [markdown]
 # ## Exercises
 #
-# ```{exercise} The best constants of Lemma 1 for softmax
+# ```{exercise} ch1-ex1: The best constants of Lemma 1 for softmax
 # :label: ch1-ex1
+# :nonumber:
 #
 # Let $F(l)=e^{l/T}$ on $[-a,a]$, so that Lemma 1 gives $C_1=e^{-2a/T}$. Show that $C_1$ is the
 # best constant that does not depend on $L$: if $C>C_1$, there are a length $L$ and logits in
@@ -489,8 +560,9 @@ session.provenance_table()
 # ```{solution-end}
 # ```
 #
-# ```{exercise} The largest weight a normalizer allows
+# ```{exercise} ch1-ex2: The largest weight a normalizer allows
 # :label: ch1-ex2
+# :nonumber:
 #
 # Write a function `max_weight_bound(F, a, L)` that returns the upper bound $C_2/L$ of Lemma 1 for a
 # positive function `F` (acting on float64 tensors) and logits in $[-a,a]$, by evaluating $F$ on a

@@ -73,13 +73,12 @@ if p.N >= min(p.lengths):
 import functools
 import math
 
-import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
 from attn_utils.book import claims, figures
 from attn_utils.book.chapters import distance
-from attn_utils.book.formatting import glue_values
+from attn_utils.book.formatting import fmt, glue_values, table
 from attn_utils.book.session import Session
 from attn_utils.mathematics import metrics, theory
 
@@ -186,7 +185,7 @@ gen = torch.Generator().manual_seed(seed)  # every synthetic draw below comes fr
 # Two remarks delimit the statement. The hypothesis $\bar\alpha_N\ge\alpha_i$ cannot be dropped, and
 # the bound cannot be improved in general: it is attained (so a square root over the last factor, which
 # the truncated source might suggest, would make it false). Both are checked numerically below; the
-# second is {ref}`ch2-ex1`.
+# second is {ref}`exercise ch2-ex1 <ch2-ex1>`.
 
 # %% [markdown]
 # ## Theorem 1 for a random $N$-set
@@ -291,29 +290,44 @@ gen = torch.Generator().manual_seed(seed)  # every synthetic draw below comes fr
 # `distance.fixed_set_instances` draws about `n_trials` such instances and evaluates, for each, the bound of
 # {prf:ref}`Theorem 1 (fixed set) <ch2-thm1-fixed>` (`theory.theorem1_fixed_bound`), the same formula with a
 # square root over its last factor, and $\tilde d$ in both readings (`metrics.cumulative_distance`). The table
-# counts, per family, the instances where a distance exceeds a bound.
+# counts, per family, the instances where a distance exceeds a bound (the largest ratio to six digits).
 
 # %%
 fixed = distance.fixed_set_instances(n_trials, gen)
-distance.fixed_set_summary(fixed)
+summary = distance.fixed_set_summary(fixed).reset_index()
+table(summary).format(lambda v: fmt(v, 6), subset=["largest ratio d~/bound"])
 
 # %% tags=["remove-cell"]
 synthetic = distance.fixed_set_facts(fixed)
 glue_values(synthetic, digits=4)
 
 # %% tags=["hide-input"]
-distance.fixed_ratio_figure(fixed)
-plt.show()
+figures.glue_figure("fig_ch2_fixed_ratio", distance.fixed_ratio_figure(fixed))
 
 # %% [markdown]
+# ```{glue:figure} fig_ch2_fixed_ratio
+# ---
+# name: fig-ch2-fixed-ratio
+# alt: >-
+#   Horizontal box plots, one row per family of synthetic instances, of the ratio of the cumulative
+#   distance to the bound of Theorem 1 for a fixed set, one box per reading of the distance, with a dashed
+#   vertical line at ratio one.
+# ---
+#
+# **Theorem 1 (fixed set) on {glue:text}`s_fixed_n` synthetic instances** (no model). Each box is the
+# ratio $\tilde d/\text{bound}$ of one family, in the sum-of-norms and the norm-of-sum reading. The
+# bound holds where the ratio is at most 1 (dashed line); look at the antipodal and equal-vector
+# families, whose boxes sit on the line: there the bound is attained.
+# ```
+#
 # Over {glue:text}`s_fixed_n` instances the bound of {prf:ref}`Theorem 1 (fixed set) <ch2-thm1-fixed>` is violated
 # {glue:text}`s_fixed_viol_son` times for the sum of norms and {glue:text}`s_fixed_viol_nos` times for
 # the norm of sum (a violation means exceeding the bound by more than a relative
 # {glue:text}`s_tol`). It is far from slack: in the generic family the largest ratio
-# $\tilde d/\text{bound}$ falls short of 1 by only {glue:text}`s_fixed_tight_generic`, and in the antipodal family every
-# instance attains the bound: the ratio differs from 1 by at most {glue:text}`s_fixed_tight_extremal`
-# ({ref}`ch2-ex1` proves the equality). So does the family of equal vectors (median distance of the ratio
-# to 1: {glue:text}`s_fixed_tight_equal`), for a simpler reason: there $d_1=0$ and
+# $\tilde d/\text{bound}$ falls short of 1 by only {glue:text}`s_fixed_tight_generic`, and in the antipodal family
+# ({numref}`fig-ch2-fixed-ratio`) every instance attains the bound: the ratio differs from 1 by at most
+# {glue:text}`s_fixed_tight_extremal` ({ref}`exercise ch2-ex1 <ch2-ex1>` proves the equality). So does the
+# family of equal vectors (median distance of the ratio to 1: {glue:text}`s_fixed_tight_equal`), for a simpler reason: there $d_1=0$ and
 # $\|\alpha_i x_i-s\|=(\bar\alpha_N-\alpha_i)\|x_i\|$ for every non-selected $i$. For the same reason a
 # square root over the last factor fails: the form $(1-\bar\alpha_N)d_1+\max_j\|x_j\|\sqrt{\bar\alpha_N(L-N)-(1-\bar\alpha_N)}$ is violated in
 # {glue:text}`s_fixed_sqrt_viol` instances, {glue:text}`s_fixed_sqrt_viol_extremal` of them among the
@@ -337,7 +351,7 @@ plt.show()
 
 # %%
 exact, closed, mc = distance.random_set_checks(n_trials, n_samples, gen)
-distance.monte_carlo_summary(mc)
+table(distance.monte_carlo_summary(mc).reset_index())
 
 # %% tags=["remove-cell"]
 random_facts = distance.random_set_facts(exact, closed, mc)
@@ -354,8 +368,26 @@ glue_values(random_facts, digits=4)
 # weights (standard normal logits) for the Monte-Carlo check on purpose: with one dominant weight the
 # expectation is driven by the rare draws that pick the dominant key, and a moderate number of draws
 # misses them, which the exact closed forms above handle instead.
+
+# %% tags=["hide-input"]
+figures.glue_figure("fig_ch2_jensen", distance.jensen_figure(exact))
+
+# %% [markdown]
+# ```{glue:figure} fig_ch2_jensen
+# ---
+# name: fig-ch2-jensen
+# alt: >-
+#   Line plot of the relative Jensen residual, the residual divided by the exact expected distance,
+#   against N over L, one colour per row length and one marker per family of synthetic weights.
+# ---
 #
-# What happens to the residual as $N\to L$? At $N=L-1$ it vanishes (largest $|\varepsilon|$:
+# **The Jensen residual of Theorem 1 (random set)** (synthetic rows, no model; exact expectation over
+# every $N$-subset, mean over instances). Look at where each line ends ($N=L-1$, where the residual is
+# zero) and whether it falls steadily on the way there; compare the families with tied, generic and
+# dominant weights.
+# ```
+#
+# What happens to the residual as $N\to L$ ({numref}`fig-ch2-jensen`)? At $N=L-1$ it vanishes (largest $|\varepsilon|$:
 # {glue:text}`s_jensen_last`, rounding). On the way it does **not** shrink steadily in every
 # instance: it is non-increasing in $N$ for only {glue:text}`s_jensen_monotone` % of the enumerated
 # instances, and its maximum sits at some $N>1$ in {glue:text}`s_jensen_peak_not_1` % of them. Relative to
@@ -375,15 +407,25 @@ glue_values(random_facts, digits=4)
 
 # %% tags=["hide-input"]
 small_n, large_n = distance.corollary2_checks(gen)
-distance.random_set_figure(exact, small_n, large_n)
-plt.show()
+figures.glue_figure("fig_ch2_corollary2", distance.corollary2_figure(small_n, large_n))
 
 # %% [markdown]
-# Left: the relative Jensen residual, mean over instances, against $N/L$ for each exact length and
-# family. Middle: the ratio of the main sum to $A=\sum_i\|\alpha_i x_i\|$ at $N=${glue:text}`s_cor_N` (line: mean; band:
-# 10–90 % of {glue:text}`s_cor_rows` rows; weights are the softmax of standard normal logits). Right:
-# the main sum and the certificate of Corollary 2 (ii) at $L=${glue:text}`s_cor_L2` (mean over rows;
-# logits twice as spread, vectors with a common offset).
+# ```{glue:figure} fig_ch2_corollary2
+# ---
+# name: fig-ch2-corollary2
+# alt: >-
+#   Two log-scale panels side by side. Left, the ratio of the main sum to the sum of the weighted vector
+#   norms against the row length L, for centred vectors and for vectors with a common offset, with bands and a
+#   dashed line at one. Right, the main sum and its cap from Corollary 2 (ii) against N at a fixed length.
+# ---
+#
+# **Corollary 2 on random rows** (synthetic, no model). Left, (i): the ratio of the main sum to
+# $A=\sum_i\|\alpha_i x_i\|$ at $N=${glue:text}`s_cor_N` (line: mean; band: 10–90 % of
+# {glue:text}`s_cor_rows` rows; weights are the softmax of standard normal logits). Right, (ii): the main
+# sum and the certificate of Corollary 2 (ii) at $L=${glue:text}`s_cor_L2` (mean over rows; logits twice
+# as spread, vectors with a common offset). Look at whether the left lines approach the dashed line 1 as
+# $L$ grows, and at how far the cap stays above the main sum on the right.
+# ```
 #
 # The certificates of {prf:ref}`Corollary 2 <ch2-cor2>` are checked in {glue:text}`s_cor_n` cases, with
 # {glue:text}`s_cor_fail` failures. The first limit behaves as the corollary says and not as the
@@ -432,7 +474,7 @@ claims.record("ch2-cor2-synthetic", model="synthetic", failures=s["s_cor_fail"],
 # %%
 session = Session.open(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed)
 weights, x, captured = distance.capture(session, vectors)
-pd.Series(session.summary(), name="value").to_frame()
+table(pd.Series(session.summary()).rename_axis("model and window").reset_index(name="value"))
 
 # %% [markdown]
 # ### How the rows are evaluated
@@ -458,7 +500,7 @@ pd.Series(session.summary(), name="value").to_frame()
 options = dict(reading=distance_reading, rows_per_octave=rows_per_octave)
 fig2 = distance.figure2(weights, x, N=N, lengths=p.lengths, Ns=p.Ns, alpha=ks_alpha, **options)
 row_check = distance.row_bound_check(weights, x, sorted({N, *p.Ns}), **options)
-fig2.critical
+table(fig2.critical)
 
 # %% [markdown]
 # Two checks of the sample against every row (`distance.sampling_checks`): on the lengths where every row
@@ -468,7 +510,7 @@ fig2.critical
 
 # %%
 checks, sampling_error = distance.sampling_checks(weights, x, N=N, lengths=p.lengths, alpha=ks_alpha, **options)
-sampling_error
+table(sampling_error, index=True)
 
 # %% [markdown]
 # On the lengths where every row is sampled ({glue:text}`m_check_lengths`) the sampled head means agree
@@ -492,19 +534,51 @@ sampling_error
 
 # %% tags=["hide-input"]
 del weights, x  # the head means are all we need from here on
-distance.figure2_figure(fig2, N=N, alpha=ks_alpha, model=session.name, title="Distance statistics of Theorem 1 on "
-                        f"War and Peace ({vectors} vectors, {distance_reading.replace('_', ' ')})")
-plt.show()
+figures.glue_figure("fig_ch2_figure2ab", distance.figure2_ab_figure(
+    fig2, N=N, model=session.name,
+    title=f"Figure 2 (a, b) on War and Peace ({vectors} vectors, {distance_reading.replace('_', ' ')})"))
+figures.glue_figure("fig_ch2_figure2c", distance.figure2_c_figure(fig2, alpha=ks_alpha, model=session.name))
 
 # %% [markdown]
-# **Figure 2, reproduced on {glue:text}`ch2_model`** ({glue:text}`m_heads`; the $x_i$ are the heads'
-# {glue:text}`m_vectors`; $\tilde d$ in the {glue:text}`m_reading` reading; the weights are the model's
-# own, i.e. softmax of $q^\top k$ times the model's scaling; {glue:text}`m_rows` sampled query rows per
-# head). (a) $N=${glue:text}`m_N`: the true distance $\tilde d$ of the top-$N$ set, the main sum
-# $\mathcal E$ of {prf:ref}`Theorem 1 (random set) <ch2-thm1-random>` and the bound of {prf:ref}`Theorem 1 (fixed set) <ch2-thm1-fixed>`, averaged over
-# query rows and then over heads (band: 10–90 % of heads). (b) The same at $L=${glue:text}`m_L` for
-# growing $N$. (c) The critical $N$ of the KS test at level {glue:text}`m_ks_alpha` (the paper's
-# pseudocode uses 0.05, its text 0.01), with the paper's $0.06L$ line.
+# ```{glue:figure} fig_ch2_figure2ab
+# ---
+# name: fig-ch2-figure2ab
+# alt: >-
+#   Two log-log panels side by side sharing the vertical axis. Left, the mean over heads of the true
+#   distance, the main sum and the bound against the window length L at fixed N; right, the same three
+#   quantities against N at the full length. Each line has a band over heads.
+# ---
+#
+# **The paper's Figure 2 (a) and (b), measured on {glue:text}`ch2_model`** ({glue:text}`m_heads`; the
+# $x_i$ are the heads' {glue:text}`m_vectors`; $\tilde d$ in the {glue:text}`m_reading` reading; the
+# weights are the model's own; {glue:text}`m_rows` sampled query rows per head). (a) $N=${glue:text}`m_N`:
+# the true distance $\tilde d$ of the top-$N$ set (green), the main sum $\mathcal E$ of
+# {prf:ref}`Theorem 1 (random set) <ch2-thm1-random>` (blue) and the bound of
+# {prf:ref}`Theorem 1 (fixed set) <ch2-thm1-fixed>` (red), averaged over query rows and then over heads
+# (band: 10–90 % of heads), against the window length. (b) The same at $L=${glue:text}`m_L` against $N$.
+# Both axes are logarithmic, so a line of slope 1 in (a) is linear growth. Look at whether green and blue
+# rise in parallel in (a), and whether green flattens and red comes down towards it in (b). *How the paper
+# drew it:* we know its figure only from its caption ({ref}`sources-protocol`): panel (a) at $N=5$ with
+# the true distance in green, the expectation in blue and the bound in red, both distances described as
+# growing roughly linearly in $L$ and the bound as safe but conservative; panel (b) at $L=1024$ with the
+# distance levelling off beyond $N=20$ while the bound tightens. The colours here are chosen to match.
+# ```
+#
+# ```{glue:figure} fig_ch2_figure2c
+# ---
+# name: fig-ch2-figure2c
+# alt: >-
+#   Log-log plot of the critical N found by the Kolmogorov-Smirnov test against the window length L,
+#   each point labelled with its fraction of L, with a dashed line at 0.06 L and a dotted line at L minus 1.
+# ---
+#
+# **The paper's Figure 2 (c), measured on {glue:text}`ch2_model`**: the critical $N$ of the KS test at
+# level {glue:text}`m_ks_alpha` (the paper's pseudocode uses 0.05, its text 0.01) at each length, with
+# the paper's $0.06L$ (dashed) and the largest size tested, $L-1$ (dotted). A length where every test
+# rejects has no point. Look at whether the points follow the dashed line or the dotted one. *How the
+# paper drew it:* its caption gives the critical $N$ of each length from a KS test at level 0.01 and
+# reads it as fewer than 6 % of the tokens; its axes are not described in the text available to us.
+# ```
 
 # %% tags=["remove-cell"]
 facts = distance.figure2_facts(fig2, N=N, alpha=ks_alpha, reading=distance_reading)
@@ -525,10 +599,11 @@ recorded = {c.key: c for c in [
     record("ch2-fig2c-critical-n", critical=f["m_crit_ledger"], alpha=ks_alpha, within=f["m_crit_within"],
            fractions=f["m_crit_fractions"])]}
 glue_values({**captured, **checks, **facts, **distance.figure2_readings(facts, recorded),
-             "m_rows_checked": r["checked"], "m_row_violations": r["violations"], "m_row_ratio": r["largest_ratio"]})
+             "m_rows_checked": r["checked"], "m_row_violations": r["violations"], "m_row_ratio": r["largest_ratio"],
+             "m_run_seconds": distance.run_seconds()})
 
 # %% [markdown]
-# **Panel (a).** Between $L=${glue:text}`m_L_first` and $L=${glue:text}`m_L_last` the mean true
+# **Panel (a)** ({numref}`fig-ch2-figure2ab`). Between $L=${glue:text}`m_L_first` and $L=${glue:text}`m_L_last` the mean true
 # distance goes from {glue:text}`m_d_first` to {glue:text}`m_d_last`: the slope of $\log\tilde d$
 # against $\log L$ is {glue:text}`m_slope_d`, {glue:text}`m_read_d` (our rule:
 # {glue:text}`m_rule_slope`). {glue:text}`m_read_e`: it goes from {glue:text}`m_e_first` to
@@ -551,13 +626,14 @@ glue_values({**captured, **checks, **facts, **distance.figure2_readings(facts, r
 # distance by {glue:text}`m_gap_5_text` at $N=5$ and by {glue:text}`m_gap_100_text` at $N=100$ (our rule:
 # {glue:text}`m_rule_converge`).
 #
-# **Panel (c).** The critical $N$ is {glue:text}`m_crit_table`; where a size is accepted it is between
+# **Panel (c)** ({numref}`fig-ch2-figure2c`). The critical $N$ is {glue:text}`m_crit_table`; where a size is accepted it is between
 # {glue:text}`m_crit_min_frac` and {glue:text}`m_crit_max_frac` of the length, against the paper's
 # "fewer than 6 %" (our rule: {glue:text}`m_rule_critical`, where "within" means a critical $N$ of at
 # most $0.06L$). {glue:text}`m_read_006`. Panel (a) explains why: at small $N$ the top-$N$ distance
 # grows with $L$ while the main sum stays bounded, so over all heads the two samples are far apart,
-# and they meet only once a large part of the row is selected. (Time on this run:
-# {glue:text}`m_panel_seconds` s for panels (a) and (b), {glue:text}`m_critical_seconds` s for panel (c).)
+# and they meet only once a large part of the row is selected. On this run the paper's Algorithms 1–3
+# took {glue:text}`m_run_seconds` s (the time of its run record, which {doc}`ch5_reproducibility` sets beside
+# the paper's Table 1).
 
 # %% [markdown]
 # ```{admonition} What this means
@@ -606,8 +682,9 @@ session.provenance_table()
 # %% [markdown]
 # ## Exercises
 #
-# ```{exercise} The fixed-set bound is attained
+# ```{exercise} ch2-ex1: The fixed-set bound is attained
 # :label: ch2-ex1
+# :nonumber:
 #
 # Let $I$ be the top-$N$ set of a row of weights, $e$ a unit vector, $x_j=e$ for $j\in I$ and
 # $x_i=-e$ for $i\notin I$. Compute $\tilde d$ (both readings) and the right-hand side of
@@ -637,8 +714,9 @@ session.provenance_table()
 # ```{solution-end}
 # ```
 #
-# ```{exercise} The context vector and the distance with a loop
+# ```{exercise} ch2-ex2: The context vector and the distance with a loop
 # :label: ch2-ex2
+# :nonumber:
 #
 # Take one row of weights and its vectors (a synthetic row, or the last row of one head of a captured
 # attention matrix). Without vectorised library calls, write a function
@@ -690,8 +768,9 @@ from attn_utils.classroom import exercises
 exercises.check("ch2-ex2", distance_by_loop)
 
 # %% [markdown]
-# ```{exercise} When the Jensen residual vanishes
+# ```{exercise} ch2-ex3: When the Jensen residual vanishes
 # :label: ch2-ex3
+# :nonumber:
 #
 # Show that the residual $\varepsilon$ of {prf:ref}`Theorem 1 (random set) <ch2-thm1-random>` is $0$ for $N=L-1$, and write
 # $\mathbb E[\tilde d]$ in that case in terms of $a_i=\alpha_i x_i$ and $m=\sum_i a_i$. Then find

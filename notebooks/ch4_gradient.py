@@ -85,7 +85,7 @@ figures.set_style()
 # \qquad J_{ik} = \frac{\alpha_i(\delta_{ik}-\alpha_k)}{T}
 # $$
 #
-# (derived in {ref}`ch4-ex1`). The factor $1/T$ is the whole story in one line: sharpening the
+# (derived in {ref}`exercise ch4-ex1 <ch4-ex1>`). The factor $1/T$ is the whole story in one line: sharpening the
 # softmax by a factor $c$ multiplies every derivative by $c$, *unless* the weights themselves
 # become so concentrated that $\operatorname{diag}(\alpha)-\alpha\alpha^\top$ vanishes (a one-hot
 # $\alpha$ has zero Jacobian). Which of the two effects wins on a real model is what the paper's Figure 4 is about.

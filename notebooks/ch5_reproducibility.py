@@ -22,6 +22,16 @@
 # chapter that made the measurement. It also lists the provenance of each run and how long each
 # notebook and each of the paper's algorithms took, beside the paper's own Table 1.
 #
+# **What you will learn**
+#
+# - which of the paper's claims this build reproduces, which it does not, and on which model;
+# - what each verdict means and which explicit rule decided it;
+# - how to compare two builds (the hashes of the weights and of the corpus) and what the paper's
+#   algorithms cost here beside its Table 1.
+#
+# **What it assumes**: the chapters before this one, whose measurements it collects; nothing is measured
+# here.
+#
 # The verdicts mean:
 #
 # - **holds** / **fails**: a mathematical statement checked on many random instances (and, where it
@@ -41,13 +51,12 @@
 # build wrote (attn_utils.book.runlog). Re-run the whole book to change what it reports.
 
 # %% tags=["hide-input"]
-import matplotlib.pyplot as plt
 from IPython.display import HTML
 from myst_nb import glue
 
 from attn_utils.book import figures
 from attn_utils.book.chapters import reproducibility as repro
-from attn_utils.book.formatting import glue_values
+from attn_utils.book.formatting import glue_values, table
 
 figures.set_style()
 ledger = repro.ledger()
@@ -71,7 +80,26 @@ glue("glance", HTML(repro.glance(ledger)), display=False)  # the first page's "r
 # verdict can never drift away from its stated rule.
 
 # %% tags=["hide-input"]
-plt.show(repro.verdict_figure(ledger))
+figures.glue_figure("fig_ch5_verdicts", repro.verdict_figure(ledger))
+
+# %% [markdown]
+# ```{glue:figure} fig_ch5_verdicts
+# ---
+# name: fig-ch5-verdicts
+# alt: >-
+#   Horizontal stacked bar chart, one bar per chapter, split into coloured segments that count the ledger
+#   rows with each verdict (reproduced, partly reproduced, not reproduced, not comparable, holds, fails), the
+#   count written on each segment and the legend beside the bars.
+# ---
+#
+# **Verdicts per chapter in this build** (model measured: {glue:text}`ledger_models`). Each segment counts
+# the ledger rows of one chapter with one verdict, in the colour its badge has everywhere in the book. Look
+# at the share of *holds* against *fails* for the mathematical statements, and of *reproduced* against
+# *not reproduced* for the measurements.
+# ```
+#
+# The table lists every row ({numref}`fig-ch5-verdicts` counts them); it scrolls sideways where the
+# column is too narrow.
 
 # %% tags=["hide-input"]
 repro.table(ledger)
@@ -80,10 +108,15 @@ repro.table(ledger)
 # ## Provenance of each run
 #
 # Every chapter that measured a model left its provenance record. The weights and the corpus are
-# identified by their SHA-256, so two builds can be compared.
+# identified by their SHA-256 (the first 16 hexadecimal digits here), so two builds can be compared. The
+# first table says what was measured, the second which model was requested, with which window and seed.
 
 # %% tags=["hide-input"]
-repro.provenance()
+provenance = repro.provenance()
+table(provenance[repro.PROVENANCE_WHAT])
+
+# %% tags=["hide-input"]
+table(provenance[repro.PROVENANCE_HOW])
 
 # %% tags=["remove-cell"]
 table_1, times = repro.table1(), repro.notebook_times()
@@ -99,13 +132,17 @@ glue_values({**repro.environment(), **repro.totals(table_1, times)})
 # cores), for GPT-2 small (144 heads). Our times are for the model named above, on the machine that
 # built this book, and include everything the chapters computed with that algorithm. The paper's
 # Algorithms 1 and 2 (24 and 37 minutes) are one row here, because our distance chapter computes both
-# panels from the same per-row values.
+# panels from the same per-row values. The last column is the paper's time divided by ours (above 1: faster
+# here; n/a: the algorithm did not run in this build).
 
 # %% tags=["hide-input"]
-table_1
+table(table_1)
+
+# %% [markdown]
+# Each notebook's wall time in this build, from the build's run record:
 
 # %% tags=["hide-input"]
-times
+table(times)
 
 # %% [markdown]
 # The paper's five algorithms took {glue:text}`paper_total_h` hours in total on its laptop; here they
@@ -120,3 +157,13 @@ times
 # the paper's exact numbers; building the book where GPT-2 can be loaded (`model="gpt2"`) turns the same
 # rules on the paper's model.
 # ```
+#
+# ## Key takeaways
+#
+# - This build's ledger has {glue:text}`n_claims` rows: {glue:text}`n_holds` statements hold and
+#   {glue:text}`n_fails` fail as written; {glue:text}`n_reproduced` empirical claims are reproduced,
+#   {glue:text}`n_partly_reproduced` partly and {glue:text}`n_not_reproduced` not.
+# - The pretrained model measured was {glue:text}`ledger_models`: {glue:text}`ledger_model_is_paper`.
+# - Every verdict comes from a rule stated beside it, and every model run is identified by the hashes of its
+#   weights and corpus; the paper's algorithms took {glue:text}`ours_total_s` s here, against
+#   {glue:text}`paper_total_h` hours on the paper's laptop.

@@ -12,7 +12,7 @@ import reference as ref
 import torch
 from test_metrics import causal_attention
 
-from attn_utils.book import claims
+from attn_utils.book import claims, runlog
 from attn_utils.book.chapters import distance
 from attn_utils.book.session import Session
 from attn_utils.mathematics import algorithms, metrics, theory
@@ -74,6 +74,7 @@ def test_fixed_set_instances_and_their_summary():
     # where the last factor is at most 1 its root is at least the factor: the root form is the weaker there
     summary = distance.fixed_set_summary(fixed)
     assert summary["instances"].sum() == len(fixed) and list(summary.index) == list(distance.FAMILIES)
+    assert distance.fixed_ratio_figure(fixed).get_size_inches()[0] <= 7.5
     assert summary.loc["antipodal (extremal)", "violations of the sqrt form"] == extremal["violates sqrt form"].sum()
     facts = distance.fixed_set_facts(fixed)
     assert facts["s_fixed_viol_son"] == 0 and facts["s_fixed_tight_extremal"] < 1e-12
@@ -102,6 +103,8 @@ def test_random_set_checks_find_the_proven_inequality():
     facts = distance.random_set_facts(exact, closed, mc)
     assert facts["s_exact_viol"] == 0 and facts["s_closed_viol"] == 0 and facts["s_jensen_last"] < 1e-12
     assert 0 <= facts["s_jensen_monotone"] <= 100 and facts["s_exact_n"] == len(exact)
+    fig = distance.jensen_figure(exact)
+    assert len(fig.axes) == 1 and fig.get_size_inches()[0] <= 7.5
 
 
 def test_corollary2_certificates_hold():
@@ -113,6 +116,8 @@ def test_corollary2_certificates_hold():
     assert facts["s_cor_fail"] == 0
     assert facts["s_cor_offset_last"] > 2 * facts["s_cor_centred_last"]  # a common offset keeps ||m|| away from 0
     assert abs(facts["s_cor_centred_last"] - 1) < 0.05  # centred vectors: E -> A as L grows
+    fig = distance.corollary2_figure(small_n, large_n)
+    assert len(fig.axes) == 2 and fig.get_size_inches()[0] <= 7.5  # (i) and (ii) side by side, no more
 
 
 # --- panel (c) grid, the row check and the sampling checks -------------------------------------------------------
@@ -194,7 +199,7 @@ def test_figure2_on_the_model_is_the_library_s_algorithms(captured, run_dir):
     want = algorithms.distance_vs_length(weights, x, N=5, lengths=[16, 32, 64], progress=False, **options)
     pd.testing.assert_frame_equal(fig2.by_length, want)
     assert (fig2.by_length["distance"] <= fig2.by_length["bound"]).all() and (fig2.by_n["L"] == 64).all()
-    assert fig2.rows == len(algorithms.sample_rows(64, 8)[0]) and set(fig2.seconds) == {"panels", "critical"}
+    assert fig2.rows == len(algorithms.sample_rows(64, 8)[0])
     full = algorithms.critical_n(weights, x, [16, 32, 64], distance.critical_grid, rows_per_octave=8, progress=False)
     for L_, crit in zip(fig2.critical["L"], fig2.critical["critical N"]):
         ran = fig2.tests[fig2.tests["L"] == L_]
@@ -203,6 +208,8 @@ def test_figure2_on_the_model_is_the_library_s_algorithms(captured, run_dir):
         assert crit == (-1 if ran["reject"].all() else ran.loc[~ran["reject"], "N"].iloc[0])
         assert crit == full.summary.set_index("L").loc[L_, "critical_n"]
     assert {"Algorithms_1-2", "Algorithm_3"} <= {p.stem.split("--")[-1] for p in (run_dir / "timings").glob("*.json")}
+    recorded = [r["seconds"] for r in runlog.read("timings") if r["algorithm"] in distance.TIMED]
+    assert len(recorded) == 2 and distance.run_seconds() == pytest.approx(sum(recorded)) and sum(recorded) > 0
     check = distance.row_bound_check(weights, x, [1, 5, 20], **options)
     assert check["violations"] == 0 and 0 < check["largest_ratio"] <= 1
     facts = distance.figure2_facts(fig2, N=5, alpha=0.01, reading="sum_of_norms")
@@ -210,8 +217,14 @@ def test_figure2_on_the_model_is_the_library_s_algorithms(captured, run_dir):
     assert facts["m_slope_d"] == pytest.approx(np.polyfit(np.log([16, 32, 64]), np.log(means.to_numpy()), 1)[0])
     assert not facts["m_has_20_100"] and math.isnan(facts["m_plateau"])
     assert facts["m_plateau_text"].startswith("not measured")
-    fig = distance.figure2_figure(fig2, N=5, alpha=0.01, title="t", model="gpt2-random")
-    assert len(fig.axes) == 3 and "gpt2-random" in fig._suptitle.get_text()
+    ab = distance.figure2_ab_figure(fig2, N=5, title="t", model="gpt2-random")
+    c = distance.figure2_c_figure(fig2, alpha=0.01, model="gpt2-random")
+    assert [len(f.axes) for f in (ab, c)] == [2, 1]  # at most two panels side by side in the text column
+    assert all("gpt2-random" in f._suptitle.get_text() and f.get_size_inches()[0] <= 7.5 for f in (ab, c))
+    legend = ab.legends[0]  # one legend below both panels, in the paper's colours (distance green, E blue, bound red)
+    assert [t.get_text() for t in legend.get_texts()] == list(distance.QUANTITY_COLOURS)
+    assert all(matplotlib.colors.same_color(line.get_color(), colour)
+               for line, colour in zip(legend.get_lines(), distance.QUANTITY_COLOURS.values()))
 
 
 def _table(values: dict[int, tuple[float, float, float]], column: str, L: int = 1024) -> pd.DataFrame:
@@ -226,7 +239,7 @@ def test_figure2_facts_on_known_panels():
     critical = pd.DataFrame({"L": [32, 64], "critical N": [28, 3], "critical N / L": [28 / 32, 3 / 64]})
     tests = pd.DataFrame({"L": [32, 64], "N": [1, 3], "N / L": [1 / 32, 3 / 64], "statistic": [1.0, 0.1],
                           "pvalue": [1e-5, 0.5], "reject": [True, False]})
-    fig2 = distance.Figure2(by_length, by_n, tests, critical, rows=100, seconds={"panels": 1.0, "critical": 2.0})
+    fig2 = distance.Figure2(by_length, by_n, tests, critical, rows=100)
     f = distance.figure2_facts(fig2, N=5, alpha=0.01, reading="norm_of_sum")
     assert f["m_slope_d"] == pytest.approx(1.0) and f["m_slope_e"] == pytest.approx(0.0)
     assert f["m_safe_fraction"] == 1.0 and f["m_conservative"] == pytest.approx(2.375)  # median of 3, 2.5, 2.25, 3, 2, 2

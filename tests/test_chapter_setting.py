@@ -1,12 +1,14 @@
 """The setting chapter's helpers (attn_utils.book.chapters.setting) and the ledger chapter's
 (attn_utils.book.chapters.reproducibility), on values known in advance."""
 import json
+import math
 
 import matplotlib
+import pandas as pd
 import pytest
 import torch
 
-from attn_utils.book import claims
+from attn_utils.book import claims, figures
 from attn_utils.book.chapters import reproducibility as repro
 from attn_utils.book.chapters import setting
 from attn_utils.mathematics import normalizers, registry
@@ -36,6 +38,29 @@ def test_layer_checks_and_heatmaps_on_a_known_layer():
     fig = setting.heatmaps(w, "test-model", heads=4)
     assert len([a for a in fig.axes if a.get_title().startswith("layer 0")]) == 2
     assert "test-model" in fig._suptitle.get_text()
+    four = setting.heatmaps(normalizers.softmax(torch.zeros(4, 8, 8), mask=normalizers.causal_mask(8)), "m")
+    panels = [a for a in four.axes if a.get_title().startswith("layer 0")]
+    assert len({round(a.get_position().x0, 3) for a in panels}) == 2 and four.get_size_inches()[0] <= 7.5
+    assert [t.get_text() for t in panels[0].get_xticklabels()] == ["0", "2", "4", "6"]  # token positions
+
+
+def test_the_masked_region_is_exactly_the_cells_above_the_diagonal():
+    L = 7
+    region = setting.masked_region(L).get_path()
+    centres = [(j, t) for t in range(L) for j in range(L)]  # (x = key j, y = query t)
+    inside = region.contains_points(centres).reshape(L, L)
+    assert (inside == torch.ones(L, L, dtype=torch.bool).triu(1).numpy()).all()
+
+
+def test_weights_figure_has_two_columns_and_the_normalizer_colours():
+    logits = torch.tensor([2.0, 0.0, -1.0, 0.5], dtype=torch.float64)
+    fig = setting.weights_figure(setting.weights_table(logits, Ts=(1.0, 0.25)))
+    assert len(fig.axes) == len(setting.SHOWN) and fig.get_size_inches()[0] <= 7.5
+    assert len({round(a.get_position().x0, 3) for a in fig.axes}) == 2
+    for ax, name in zip(fig.axes, setting.SHOWN):
+        assert ax.get_title() == registry.get(name).label and len(ax.patches) == 2 * 4
+        assert all(matplotlib.colors.same_color(bar.get_facecolor()[:3], figures.NORMALIZER_COLOURS[name])
+                   for bar in ax.patches)
 
 
 @pytest.fixture
@@ -60,15 +85,18 @@ def test_summary_counts_and_table_1(build_records):
     s = repro.summary(rows)
     assert (s["n_claims"], s["n_holds"], s["n_fails"], s["n_not_reproduced"], s["n_reproduced"]) == (4, 2, 1, 1, 0)
     assert s["ledger_models"] == "smollm2-135m" and s["ledger_model_is_paper"].startswith("not the paper's")
-    assert set(repro.verdict_figure(rows).axes[0].get_legend_handles_labels()[1]) == {"holds", "fails",
-                                                                                      "not reproduced"}
+    handles, labels = repro.verdict_figure(rows).axes[0].get_legend_handles_labels()
+    assert set(labels) == {"holds", "fails", "not reproduced"}
+    assert all(matplotlib.colors.same_color(h.patches[0].get_facecolor(), repro.figures.VERDICT_COLOURS[label])
+               for h, label in zip(handles, labels))  # one colour per verdict, as in the badges
     (build_records / "timings").mkdir()
     for name, seconds in (("Algorithm 1", 2.0), ("Algorithm 2", 3.0), ("Algorithm 4", 6.0)):
         (build_records / "timings" / f"{name}.json").write_text(
             json.dumps({"algorithm": name, "notebook": "x", "seconds": seconds}))
     table = repro.table1().set_index("algorithm")
-    assert table.loc["Algorithms 1-2", "ours (s)"] == 5.0 and table.loc["Algorithms 1-2", "speed-up"] == "732x"
-    assert table.loc["Algorithm 3", "ours (s)"] == "not run" and table.loc["Algorithm 3", "speed-up"] == "n/a"
+    assert table.loc["Algorithms 1-2", "ours (s)"] == 5.0 and table.loc["Algorithms 1-2", "paper / ours"] == 732
+    assert table.loc["Algorithm 4", "paper / ours"] == 70 and table.loc["Algorithm 5", "ours (s)"] == "not run"
+    assert table.loc["Algorithm 3", "ours (s)"] == "not run" and math.isnan(table.loc["Algorithm 3", "paper / ours"])
     totals = repro.totals(repro.table1(), repro.notebook_times())
     assert totals["ours_total_s"] == 11 and totals["book_total_min"].startswith("not recorded")
     assert set(claims.VERDICTS) <= set(repro.figures.VERDICT_COLOURS)
@@ -98,3 +126,18 @@ def test_the_badges_of_the_first_page_use_the_figures_colours():
     css = (Path(__file__).resolve().parents[1] / "_static" / "verdicts.css").read_text()
     for verdict, colour in repro.figures.VERDICT_COLOURS.items():
         assert f".verdict-{verdict.replace(' ', '-')} {{ background: {colour}; }}" in css
+
+
+def test_provenance_tables_and_the_ledger_table_for_reading(build_records):
+    from attn_utils.book import runlog
+
+    runlog.write("provenance", "ch9", {"notebook": "ch9", "model": "m", "requested": "auto", "weights_sha256": "a" * 64,
+                                       "corpus": "c", "corpus_sha256": "b" * 64, "L": 64, "window_offsets": [0, 64],
+                                       "seed": 0, "device": "cpu", "wall_time_s": 1.0})
+    prov = repro.provenance()
+    assert list(prov.columns) == list(dict.fromkeys(repro.PROVENANCE_WHAT + repro.PROVENANCE_HOW))
+    assert prov.loc[0, "weights sha256"] == "a" * 16 and prov.loc[0, "offsets"] == "0, 64"
+    rows = pd.DataFrame([{"verdict": "fails", "chapter": "ch9", "claim": "E -> A for N << L", "paper": "p",
+                          "ours": "o", "rule": "r", "model": "synthetic"}])
+    page = repro.table(rows).to_html()
+    assert "N &lt;&lt; L" in page and f"background-color: {repro.figures.VERDICT_COLOURS['fails']}" in page

@@ -68,6 +68,22 @@ def test_lemma1_facts():
     assert f["lemma1_tightest"] == pytest.approx(table.tightness.max())
 
 
+def panel_columns(fig) -> int:
+    """How many panels stand side by side in ``fig`` (distinct left edges of the axes that hold data)."""
+    return len({round(ax.get_position().x0, 3) for ax in fig.axes if ax.has_data()})
+
+
+@pytest.mark.parametrize("n_T", [1, 2])  # 3 and 4 functions F: a full last row, and a free slot for the legend
+def test_lemma1_figure_has_at_most_two_panels_side_by_side(n_T):
+    table = V.lemma1_table(V.positive_functions([0.5, 2.0][:n_T]), [4, 32], 10, gen())
+    fig = V.plot_lemma1(table, a=2.0)
+    panels = [ax for ax in fig.axes if ax.has_data()]
+    assert len(panels) == table.F.nunique() and panel_columns(fig) == 2 and fig.get_size_inches()[0] <= 7.5
+    assert all(ax.get_xlabel() == "row length $L$" for ax in panels[-2:])  # the lowest panel of each column
+    has_legend = [ax for ax in fig.axes if not ax.has_data() and ax.get_legend()]
+    assert len(has_legend) == table.F.nunique() % 2  # an odd count puts the legend in the free slot
+
+
 # --- Corollary 1 ------------------------------------------------------------------------------------------
 
 
@@ -83,7 +99,7 @@ def test_corollary1_holds_and_the_mean_key_reading_fails():
     assert len(table) == 2 * 30 and (table.tightness <= 1 + V.REL_TOL).all()
     summary = V.corollary1_summary(table)
     assert summary.loc["aligned", "tightest"] > 0.5
-    assert summary.loc["one long key", "mean_reading_violations"] > 0
+    assert summary.loc["one long key", "violations, mean-norm reading"] > 0
     f = V.corollary1_facts(table)
     assert f["cor1_violations"] == 0 and f["cor1_long_rows"] == 20
     assert f["cor1_mean_violations"] == int(table["mean reading violated"].sum())
@@ -171,7 +187,11 @@ def test_model_rows_agree_with_a_slow_loop(gpt2_random):
     f = V.model_facts(check, cap)
     assert f["m_weights"] == n_layers * n_heads * L * (L + 1) // 2 and f["m_L"] == L
     assert f["m_tight_up"] <= 1 and 0 <= f["m_vacuous"] <= 100
-    assert V.plot_spread(check.rows, session.name).axes
+    fig = V.plot_spread(check.rows, session.name)
+    assert panel_columns(fig) == 1 and fig.get_size_inches()[0] <= 7.5  # two panels, one above the other
+    last = V.last_rows(check.rows, n=3)
+    assert list(last.columns) == ["layer 0, head 0", "layer 0, head 1", "layer 0, head 2"]
+    assert last.loc["max weight"].tolist() == check.rows[check.rows.t == L].head(3)["max weight"].tolist()
 
 
 # --- the decay fits ---------------------------------------------------------------------------------------

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import functools
 import math
-import time
 from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
+from matplotlib.ticker import NullLocator
 import numpy as np
 import pandas as pd
 import seaborn as sns
@@ -47,6 +47,9 @@ COR_ROWS, COR_L2, COR_N = 32, 64, 5        # rows per length; Corollary 2 (ii) a
 # the grid of panel (c) besides floor(0.06 L) and L - 1, as fractions of L
 CRITICAL_FRACTIONS = (1 / 64, 1 / 32, 1 / 8, 1 / 4, 3 / 8, 1 / 2, 5 / 8, 11 / 16, 3 / 4, 13 / 16, 7 / 8, 15 / 16)
 QUANTITIES = {"distance": "true distance", "expectation": "main sum E", "bound": "bound"}
+# the paper's Figure 2 draws the true distance green, its expectation blue and the bound red: the same hues here
+QUANTITY_COLOURS = dict(zip(QUANTITIES.values(), (sns.color_palette(figures.PALETTE)[i] for i in (2, 0, 3))))
+TIMED = ("Algorithms 1-2", "Algorithm 3")   # the run-record names under which figure2 times the paper's algorithms
 
 
 def one_thread(fn):
@@ -192,11 +195,12 @@ def fixed_ratio_figure(fixed: pd.DataFrame) -> plt.Figure:
     long = fixed.melt(id_vars=["family"], value_vars=["ratio (sum_of_norms)", "ratio (norm_of_sum)"],
                       var_name="reading", value_name="ratio")
     long["reading"] = long["reading"].str.extract(r"\((.*)\)")[0].str.replace("_", " ")
-    fig, ax = plt.subplots(figsize=(8.5, 3.6))
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
     sns.boxplot(data=long, y="family", x="ratio", hue="reading", ax=ax, palette=figures.PALETTE, fliersize=1.5,
                 order=list(FAMILIES))
     ax.axvline(1.0, color="black", ls="--", lw=1)
     ax.set(xlabel=r"$\tilde d\,/\,$bound of Theorem 1 (fixed set)", ylabel="")
+    sns.move_legend(ax, "lower center", bbox_to_anchor=(0.5, 1.0), ncols=2, frameon=False, fontsize="small")
     figures.model_title(fig, f"Theorem 1 (fixed top-N set) on {len(fixed):,} random instances",
                         "synthetic data, no model")
     return fig
@@ -339,26 +343,38 @@ def corollary2_facts(small_n: pd.DataFrame, large_n: pd.DataFrame) -> dict:
     }
 
 
-def random_set_figure(exact: pd.DataFrame, small_n: pd.DataFrame, large_n: pd.DataFrame) -> plt.Figure:
-    """Left: the relative Jensen residual against N / L; middle: E / A at N = COR_N against L (Corollary 2 (i));
-    right: E and its cap against N at L = COR_L2 (Corollary 2 (ii))."""
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+def jensen_figure(exact: pd.DataFrame) -> plt.Figure:
+    """The relative Jensen residual eps / E[d~] of the enumerated rows against N / L, one colour per length and one
+    marker per family (mean over instances)."""
+    fig, ax = plt.subplots(figsize=(6.8, 4.6))
     rel = exact.dropna(subset=["relative residual"]).copy()
     rel["L"] = rel["L"].astype(str)
     sns.lineplot(data=rel, x="N / L", y="relative residual", hue="L", style="family", markers=True, errorbar=None,
-                 ax=axes[0], palette=figures.PALETTE)
-    axes[0].set(title=r"Jensen residual $\varepsilon\,/\,\mathbb{E}[\tilde d]$ (exact)", xlabel="$N/L$")
-    axes[0].legend(fontsize="x-small")
-    sns.lineplot(data=small_n, x="L", y="E / A", hue="vectors", marker="o", ax=axes[1], palette=figures.PALETTE,
+                 ax=ax, palette=figures.PALETTE)
+    ax.set(xlabel="$N/L$", ylabel=r"$\varepsilon\,/\,\mathbb{E}[\tilde d]$ (mean over instances)")
+    sns.move_legend(ax, "upper left", bbox_to_anchor=(1.02, 1.0), frameon=False, fontsize="small")
+    figures.model_title(fig, "Jensen residual of Theorem 1 (random set), exact expectation", "synthetic data, no model")
+    return fig
+
+
+def corollary2_figure(small_n: pd.DataFrame, large_n: pd.DataFrame) -> plt.Figure:
+    """Left: E / A at N = COR_N against L (Corollary 2 (i); band: 10-90 % of rows); right: E and its cap against N
+    at L = COR_L2 (Corollary 2 (ii); mean over rows)."""
+    fig, axes = plt.subplots(1, 2, figsize=(7.5, 4.0))
+    colours = sns.color_palette(figures.PALETTE)
+    sns.lineplot(data=small_n, x="L", y="E / A", hue="vectors", marker="o", ax=axes[0], palette=colours[1::3][:2],
                  errorbar=("pi", 80))
-    axes[1].axhline(1.0, color="black", ls="--", lw=1)
-    axes[1].set(xscale="log", yscale="log", title=rf"Cor. 2 (i): $\mathcal{{E}}/A$ at $N={COR_N}$", xlabel="$L$")
-    axes[1].legend(fontsize="x-small")
+    axes[0].axhline(1.0, color="black", ls="--", lw=1)
+    axes[0].set(xscale="log", yscale="log", title=rf"(i) $N={COR_N}$, growing $L$", xlabel="$L$",
+                ylabel=r"$\mathcal{E}\,/\,A$")
+    sns.move_legend(axes[0], "upper center", bbox_to_anchor=(0.5, -0.2), frameon=False, fontsize="small", title=None)
     tidy = large_n.melt(id_vars="N", value_vars=["main sum", "cap"], var_name="quantity")
-    sns.lineplot(data=tidy, x="N", y="value", hue="quantity", ax=axes[2], palette=figures.PALETTE, errorbar=None)
-    axes[2].set(yscale="log", title=rf"Cor. 2 (ii): $\mathcal{{E}}$ and its cap, $L={COR_L2}$", xlabel="$N$",
-                ylabel="mean over rows")
-    figures.model_title(fig, "Theorem 1 (random set) and Corollary 2 on random rows", "synthetic data, no model")
+    tidy["quantity"] = tidy["quantity"].map({"main sum": r"main sum $\mathcal{E}$", "cap": "cap of (ii)"})
+    sns.lineplot(data=tidy, x="N", y="value", hue="quantity", ax=axes[1], errorbar=None,
+                 palette=[QUANTITY_COLOURS[QUANTITIES["expectation"]], "black"])
+    axes[1].set(yscale="log", title=rf"(ii) $L={COR_L2}$, growing $N$", xlabel="$N$", ylabel="mean over rows")
+    sns.move_legend(axes[1], "upper center", bbox_to_anchor=(0.5, -0.2), frameon=False, fontsize="small", title=None)
+    figures.model_title(fig, "Corollary 2 on random rows", "synthetic data, no model")
     return fig
 
 
@@ -389,38 +405,41 @@ class Figure2:
     """The three panels: per-head means at fixed N for growing L (``by_length``, Algorithm 1) and at the full
     length for growing N (``by_n``, Algorithm 2); the KS tests and the critical N per length (Algorithm 3),
     ``tests`` keeping, per length, the sizes up to its critical N (those an upward scan runs); ``rows``: the
-    sampled query rows per head at the full length; ``seconds``: time of panels (a)-(b) and of (c)."""
+    sampled query rows per head at the full length."""
 
     by_length: pd.DataFrame
     by_n: pd.DataFrame
     tests: pd.DataFrame
     critical: pd.DataFrame
     rows: int
-    seconds: dict
 
 
 @one_thread
 def figure2(weights, x, *, N: int, lengths, Ns, alpha: float, reading: str, rows_per_octave) -> Figure2:
     """Algorithms 1-3 (``attn_utils.mathematics.algorithms``) on the captured attention, with the query rows
     sampled ``rows_per_octave`` per octave of positions (None: every row); the critical N uses the grid of
-    :func:`critical_grid` at each length and level ``alpha``."""
+    :func:`critical_grid` at each length and level ``alpha``. Their wall times go to the run record under the
+    names of :data:`TIMED` (see :func:`run_seconds`)."""
     L = weights.shape[-1]
     options = dict(reading=reading, rows_per_octave=rows_per_octave, progress=False)
-    start = time.perf_counter()
-    with runlog.timing("Algorithms 1-2"):
+    with runlog.timing(TIMED[0]):
         by_length = algorithms.distance_vs_length(weights, x, N=N, lengths=lengths, **options)
         by_n = algorithms.distance_vs_n(weights, x, Ns=Ns, L=L, **options)
-    middle = time.perf_counter()
-    with runlog.timing("Algorithm 3"):
+    with runlog.timing(TIMED[1]):
         result = algorithms.critical_n(weights, x, lengths, critical_grid, alpha=alpha, **options)
-    end = time.perf_counter()
     critical = result.summary.rename(columns={"critical_n": "critical N", "critical_fraction": "critical N / L"})
     tests = result.tests.merge(critical[["L", "critical N"]], on="L")
     scanned = (tests["critical N"] < 0) | (tests["N"] <= tests["critical N"])
     tests = tests[scanned].drop(columns="critical N").reset_index(drop=True)
     tests.insert(2, "N / L", tests["N"] / tests["L"])
-    return Figure2(by_length, by_n, tests, critical, len(algorithms.sample_rows(L, rows_per_octave)[0]),
-                   {"panels": middle - start, "critical": end - middle})
+    return Figure2(by_length, by_n, tests, critical, len(algorithms.sample_rows(L, rows_per_octave)[0]))
+
+
+def run_seconds() -> float:
+    """The wall time that this notebook's run record holds for the paper's Algorithms 1-3 (:data:`TIMED`, written by
+    :func:`figure2`): the chapter's one run time, the same number the ledger chapter reports."""
+    return sum(r["seconds"] for r in runlog.read("timings")
+               if r["notebook"] == runlog.notebook() and r["algorithm"] in TIMED)
 
 
 @one_thread
@@ -534,7 +553,6 @@ def figure2_facts(fig2: Figure2, *, N: int, alpha: float, reading: str) -> dict:
         "m_p_006_max": float(p_006["pvalue"].max()) if len(p_006) else "not tested",
         "m_p_006_accepted": ", ".join(str(int(n)) for n in p_006.loc[~p_006["reject"], "L"]),
         "m_p_006_tested": len(p_006),
-        "m_panel_seconds": fig2.seconds["panels"], "m_critical_seconds": fig2.seconds["critical"],
     }
 
 
@@ -573,30 +591,47 @@ def figure2_readings(facts: dict, recorded: dict) -> dict:
     }
 
 
-def figure2_figure(fig2: Figure2, *, N: int, alpha: float, title: str, model: str) -> plt.Figure:
-    """Panels (a) and (b): the mean over heads of the three quantities (band: 10-90 % of heads), log-log;
-    panel (c): the critical N per length against the paper's 0.06 L and the largest size tested, L - 1."""
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
-    colors = dict(zip(QUANTITIES.values(), sns.color_palette(figures.PALETTE, 3)))
+def _grid_ticks(ax, values) -> None:
+    """Label a log-scaled x axis at the grid ``values`` themselves, without minor labels."""
+    ax.set_xticks(sorted(set(values)), labels=[fmt(v) for v in sorted(set(values))])
+    ax.xaxis.set_minor_locator(NullLocator())
+
+
+def figure2_ab_figure(fig2: Figure2, *, N: int, title: str, model: str) -> plt.Figure:
+    """Panels (a) and (b) of Figure 2: the mean over heads of the three quantities (band: 10-90 % of heads),
+    log-log, against L at fixed N (a) and against N at the full length (b); one legend below both."""
+    fig, axes = plt.subplots(1, 2, figsize=(7.5, 4.1), sharey=True)
     L = int(fig2.by_n["L"].iloc[0])
     for ax, table, column, name in ((axes[0], fig2.by_length, "L", f"(a) N = {N}, growing L"),
                                     (axes[1], fig2.by_n, "N", f"(b) L = {L}, growing N")):
         tidy = table.melt(id_vars=["layer", "head", column], value_vars=list(QUANTITIES), var_name="quantity")
         tidy["quantity"] = tidy["quantity"].map(QUANTITIES)
         sns.lineplot(data=tidy, x=column, y="value", hue="quantity", marker="o", estimator="mean",
-                     errorbar=("pi", 80), ax=ax, palette=colors)
-        ax.set(xscale="log", yscale="log", title=name, ylabel="mean over heads (band: 10-90 % of heads)")
-        ax.legend(fontsize="small")
-    ax, crit = axes[2], fig2.critical
+                     errorbar=("pi", 80), ax=ax, palette=QUANTITY_COLOURS, legend=ax is axes[0])
+        ax.set(xscale="log", yscale="log", title=name, ylabel="mean over heads" if ax is axes[0] else "")
+        _grid_ticks(ax, table[column])
+    handles, labels = axes[0].get_legend_handles_labels()
+    axes[0].get_legend().remove()
+    fig.legend(handles, labels, loc="outside lower center", ncols=3, frameon=False, fontsize="small")
+    figures.model_title(fig, title, model)
+    return fig
+
+
+def figure2_c_figure(fig2: Figure2, *, alpha: float, model: str) -> plt.Figure:
+    """Panel (c) of Figure 2: the critical N per length, log-log, against the paper's 0.06 L and the largest size
+    tested, L - 1; each found critical N is labelled with its fraction of L."""
+    fig, ax = plt.subplots(figsize=(6.0, 4.2))
+    crit = fig2.critical
     grid = crit["L"].to_numpy(dtype=float)
     ax.plot(grid, 0.06 * grid, "--", color="black", label="paper: 0.06 L")
     ax.plot(grid, grid - 1, ":", color="grey", label="L - 1 (largest N tested)")
     ok = crit[crit["critical N"] > 0]
-    ax.plot(ok["L"], ok["critical N"], "o-", color=sns.color_palette(figures.PALETTE)[3], label="critical N (ours)")
+    ax.plot(ok["L"], ok["critical N"], "o-", color=sns.color_palette(figures.PALETTE)[4], label="critical N (ours)")
     for _, r in ok.iterrows():
         ax.annotate(f"{r['critical N / L']:.2f} L", (r["L"], r["critical N"]), textcoords="offset points",
-                    xytext=(4, -12), fontsize="x-small")
-    ax.set(xscale="log", yscale="log", xlabel="L", ylabel="N", title=f"(c) critical N, KS test at alpha = {alpha:g}")
-    ax.legend(fontsize="small")
-    figures.model_title(fig, title, model)
+                    xytext=(4, -12), fontsize="small")
+    ax.set(xscale="log", yscale="log", xlabel="L", ylabel="N")
+    _grid_ticks(ax, crit["L"])
+    fig.legend(loc="outside lower center", ncols=3, frameon=False, fontsize="small")
+    figures.model_title(fig, f"Figure 2 (c): critical N, KS test at alpha = {alpha:g}", model)
     return fig

@@ -9,12 +9,16 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from attn_utils.book import claims, figures, runlog
+from attn_utils.book.formatting import table as formatted
 
 PAPER_MODEL = "gpt2"
 # The paper's Table 1 (Appendix B): minutes on an Apple M1 Pro, and whether the run was parallel. Our distance
 # chapter computes Figure 2a and 2b from shared per-row values, so Algorithms 1 and 2 are one row.
 PAPER_TABLE_1 = {"Algorithms 1-2": (24 + 37, "no"), "Algorithm 3": (17 * 60 + 4, "yes"),
                  "Algorithm 4": (7, "no"), "Algorithm 5": (1, "no")}
+# the provenance records, split into two tables that fit the text column: what was measured, and how
+PROVENANCE_WHAT = ["notebook", "model", "weights sha256", "corpus", "corpus sha256"]
+PROVENANCE_HOW = ["notebook", "requested", "L", "offsets", "seed", "device"]
 
 
 def ledger() -> pd.DataFrame:
@@ -37,21 +41,27 @@ def summary(rows: pd.DataFrame) -> dict:
 
 
 def table(rows: pd.DataFrame):
-    """The ledger for reading: one coloured verdict per row, the rule that decided it beside the values."""
-    shown = rows[["verdict", "chapter", "claim", "paper", "ours", "rule", "model"]]
-    return shown.style.hide(axis="index").map(
-        lambda v: f"background-color: {figures.VERDICT_COLOURS.get(v, '')}", subset=["verdict"])
+    """The ledger for reading (:func:`attn_utils.book.formatting.table`): one coloured verdict per row, the rule
+    that decided it beside the values."""
+    shown = rows[["verdict", "chapter", "claim", "paper", "ours", "rule", "model"]].map(html.escape)  # "N << L"
+    return formatted(shown).map(lambda v: f"background-color: {figures.VERDICT_COLOURS.get(v, '')}",
+                                subset=["verdict"])
 
 
 def verdict_figure(rows: pd.DataFrame) -> plt.Figure:
-    """Stacked bars: how many rows of each chapter got each verdict."""
+    """Stacked bars: how many rows of each chapter got each verdict, the count written on each segment; one
+    colour per verdict (:data:`figures.VERDICT_COLOURS`), the legend beside the bars."""
     order = [v for v in claims.VERDICTS if v in set(rows.verdict)]
     counts = rows.groupby(["chapter", "verdict"]).size().unstack(fill_value=0).reindex(columns=order)
-    fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(counts) + 1.6))
+    fig, ax = plt.subplots(figsize=(7.5, 0.5 * len(counts) + 1.6))
     counts.plot.barh(stacked=True, ax=ax, width=0.75, edgecolor="black", linewidth=0.5,
                      color=[figures.VERDICT_COLOURS[v] for v in order])
+    for bars in ax.containers:
+        ax.bar_label(bars, labels=[f"{int(b.get_width())}" if b.get_width() else "" for b in bars],
+                     label_type="center", fontsize="small")
     ax.invert_yaxis()
-    ax.set(xlabel="rows of the ledger", ylabel="")
+    ax.set(xlabel="rows of the ledger", ylabel="", xlim=(0, 1.02 * counts.sum(axis=1).max()))
+    ax.grid(False, axis="y")
     ax.legend(title="verdict", loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     models = sorted(set(rows.model) - {"synthetic"})
     figures.model_title(fig, "Verdicts per chapter", ", ".join(models) or "synthetic only")
@@ -59,13 +69,13 @@ def verdict_figure(rows: pd.DataFrame) -> plt.Figure:
 
 
 def provenance() -> pd.DataFrame:
-    """One row per chapter that measured a model: model and weights hash, corpus and its hash, window, seed."""
+    """One row per chapter that measured a model: model and weights hash, corpus and its hash, window, seed, device
+    (columns :data:`PROVENANCE_WHAT` and :data:`PROVENANCE_HOW`)."""
     return pd.DataFrame([{
         "notebook": r["notebook"], "model": r["model"], "requested": r["requested"],
         "weights sha256": r["weights_sha256"][:16], "corpus": r["corpus"], "corpus sha256": r["corpus_sha256"][:16],
         "L": r["L"], "offsets": ", ".join(map(str, r["window_offsets"])), "seed": r["seed"], "device": r["device"],
-        "wall time (s)": round(r["wall_time_s"] or 0.0, 1),
-    } for r in runlog.read("provenance")])
+    } for r in runlog.read("provenance")], columns=list(dict.fromkeys(PROVENANCE_WHAT + PROVENANCE_HOW)))
 
 
 def environment() -> dict:
@@ -82,22 +92,21 @@ def environment() -> dict:
 
 
 def table1() -> pd.DataFrame:
-    """The paper's Table 1 beside the wall time this build spent in each algorithm (checks included)."""
+    """The paper's Table 1 beside the wall time this build spent in each algorithm (checks included), and the ratio
+    paper time / our time (NaN where the algorithm did not run in this build)."""
     timings = pd.DataFrame(runlog.read("timings"), columns=["algorithm", "notebook", "seconds"])
     timings["algorithm"] = timings.algorithm.replace({"Algorithm 1": "Algorithms 1-2", "Algorithm 2": "Algorithms 1-2"})
     ours = timings.groupby("algorithm").seconds.sum()
     return pd.DataFrame([{
         "algorithm": name, "paper (min)": minutes, "paper parallel": parallel,
-        "ours (s)": round(float(ours[name]), 1) if name in ours else "not run",
-        "speed-up": f"{minutes * 60 / float(ours[name]):,.0f}x" if ours.get(name, 0) > 0 else "n/a",
+        "ours (s)": float(ours[name]) if name in ours else "not run",
+        "paper / ours": minutes * 60 / float(ours[name]) if ours.get(name, 0) > 0 else float("nan"),
     } for name, (minutes, parallel) in PAPER_TABLE_1.items()])
 
 
 def notebook_times() -> pd.DataFrame:
     """Wall time of each notebook of the build (empty when this notebook was run on its own)."""
-    times = pd.DataFrame(runlog.read("notebooks"), columns=["notebook", "seconds"])
-    times["seconds"] = times.seconds.round(1)
-    return times
+    return pd.DataFrame(runlog.read("notebooks"), columns=["notebook", "seconds"])
 
 
 def totals(table_1: pd.DataFrame, times: pd.DataFrame) -> dict:

@@ -1,16 +1,21 @@
 """The setting chapter: one row of logits under every normalizer, and a first look at the model's attention."""
 from __future__ import annotations
 
+import math
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
 import torch
+from matplotlib.colors import PowerNorm
+from matplotlib.patches import Patch, Polygon
 
 from attn_utils.book import figures
 from attn_utils.mathematics import registry
 
 SHOWN = ("softmax", "sparsemax", "entmax15", "ssmax", "softmax1", "self_adjust")
+MASKED_COLOUR = "#bdbdbd"  # keys a query cannot see: grey and hatched, never the colour of a small weight
 
 
 def weights_table(logits: torch.Tensor, names=SHOWN, Ts=(1.0, 0.25)) -> pd.DataFrame:
@@ -22,19 +27,36 @@ def weights_table(logits: torch.Tensor, names=SHOWN, Ts=(1.0, 0.25)) -> pd.DataF
 
 def weights_summary(table: pd.DataFrame) -> pd.DataFrame:
     """Per (normalizer, T): the total weight, the largest weight and the number of non-zero weights."""
-    return table.groupby(["normalizer", "T"]).weight.agg(total="sum", largest="max",
+    return table.groupby(["normalizer", "T"], sort=False).weight.agg(total="sum", largest="max",
                                                          nonzero=lambda w: int((w != 0).sum()))
 
 
 def weights_figure(table: pd.DataFrame) -> plt.Figure:
-    """Bars of the weights per key, one panel per normalizer with its own scale (self-adjust's weights are not a
-    distribution and would flatten the others on a common axis)."""
-    grid = sns.catplot(data=table, x="key", y="weight", hue="T", col="normalizer", col_wrap=3, kind="bar",
-                       height=2.2, aspect=1.4, palette=figures.PALETTE, col_order=list(dict.fromkeys(table.normalizer)),
-                       sharey=False)
-    grid.set_titles("{col_name}")
-    grid.figure.suptitle("One row of 12 synthetic logits under each normalizer (synthetic data, no model)", y=1.03)
-    return grid.figure
+    """Bars of the weights per key, one panel per normalizer in two columns, each panel on its own y scale
+    (self-adjust's values are not a distribution and would flatten the others on a common axis); a normalizer's
+    bars have its colour of the whole book, one shade per temperature."""
+    names, Ts = list(dict.fromkeys(table.normalizer)), list(dict.fromkeys(table["T"]))
+    n_keys, n_rows = int(table.key.max()) + 1, math.ceil(len(names) / 2)
+    fig, axes = plt.subplots(n_rows, 2, figsize=(7.5, 1.9 * n_rows + 1.1), sharex=True, squeeze=False)
+    width, shades = 0.8 / len(Ts), np.linspace(0.35, 1.0, len(Ts))
+    for ax, name in zip(axes.flat, names):
+        for k, (T, shade) in enumerate(zip(Ts, shades)):
+            rows = table[(table.normalizer == name) & (table["T"] == T)]
+            ax.bar(rows.key + (k - (len(Ts) - 1) / 2) * width, rows.weight, width,
+                   color=figures.NORMALIZER_COLOURS[name], alpha=shade)
+        ax.axhline(0, color="black", lw=0.6)
+        ax.set_title(registry.get(name).label, fontsize="medium")
+    for ax in axes.flat[len(names):]:
+        ax.remove()
+    for ax in axes[:, 0]:
+        ax.set_ylabel("weight")
+    for ax in axes[-1]:
+        ax.set(xlabel="key", xticks=range(n_keys))
+    fig.legend(handles=[Patch(color="grey", alpha=shade, label=f"T = {T:g}") for T, shade in zip(Ts, shades)],
+               loc="outside lower center", ncols=len(Ts), fontsize="small")
+    figures.model_title(fig, f"One row of {n_keys} synthetic logits under each normalizer (own y scale per panel)",
+                        "synthetic data, no model")
+    return fig
 
 
 def layer_checks(weights: torch.Tensor) -> dict:
@@ -45,18 +67,37 @@ def layer_checks(weights: torch.Tensor) -> dict:
             "first_key_share": float(weights[:, 1:, 0].mean())}
 
 
+def masked_region(L: int) -> Polygon:
+    """The cells (t, j) with j > t of an L x L image (pixel centres at integers): the keys a causal query cannot
+    see, as one staircase polygon, hatched."""
+    corners = [(0.5, -0.5), (L - 0.5, -0.5)]
+    for k in range(L - 1, 0, -1):
+        corners += [(k + 0.5, k - 0.5), (k - 0.5, k - 0.5)]
+    return Polygon(corners, closed=True, fill=False, hatch="///", edgecolor="#7f7f7f", linewidth=0)
+
+
 def heatmaps(weights: torch.Tensor, model: str, heads: int = 4) -> plt.Figure:
-    """Heat maps of the first ``heads`` heads of one layer; keys a query cannot see (above the diagonal) are grey,
-    so a masked key is not mistaken for a zero weight."""
-    shown = min(heads, weights.shape[0])
-    L = weights.shape[-1]
+    """Heat maps of the first ``heads`` heads of one layer, two per row, ticks at token positions (from 0), on a
+    square-root colour scale (small weights stay visible); keys a query cannot see (above the diagonal) are grey
+    and hatched, so a masked key is not mistaken for a zero weight."""
+    shown, L = min(heads, weights.shape[0]), weights.shape[-1]
+    n_cols = min(2, shown)
+    n_rows = math.ceil(shown / n_cols)
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(3.3 * n_cols + 0.9, 3.2 * n_rows + 0.7), squeeze=False)
+    cmap = sns.color_palette("mako_r", as_cmap=True).with_extremes(bad=MASKED_COLOUR)
     masked = np.triu(np.ones((L, L), dtype=bool), 1)
-    fig, axes = plt.subplots(1, shown, figsize=(3.2 * shown, 3.3))
-    ticks = max(1, L // 4)
-    for h, ax in enumerate(np.atleast_1d(axes)):
-        ax.set_facecolor("#d9d9d9")
-        sns.heatmap(weights[h].float().numpy(), mask=masked, ax=ax, cmap="mako_r", vmin=0, vmax=1, square=True,
-                    cbar=h == shown - 1, cbar_kws={"label": "weight"}, xticklabels=ticks, yticklabels=ticks)
-        ax.set(title=f"layer 0, head {h}", xlabel="key position", ylabel="query position" if h == 0 else "")
-    figures.model_title(fig, f"Attention weights on War and Peace, first {L} tokens (grey: masked keys)", model)
+    ticks = np.arange(0, L, max(1, L // 4))
+    for h, ax in enumerate(axes.flat):
+        if h >= shown:
+            ax.remove()
+            continue
+        image = ax.imshow(np.ma.masked_array(weights[h].float().numpy(), masked), cmap=cmap,
+                          norm=PowerNorm(0.5, vmin=0, vmax=1), interpolation="nearest")
+        ax.add_patch(masked_region(L))
+        ax.grid(False)
+        ax.set(xticks=ticks, yticks=ticks, title=f"layer 0, head {h}", xlabel="key position $j$",
+               ylabel="query position $t$" if h % n_cols == 0 else "")
+    fig.colorbar(image, ax=axes, shrink=0.8, label="weight (square-root scale)")
+    figures.model_title(fig, f"Attention weights on War and Peace, first {L} tokens (grey, hatched: masked keys)",
+                        model)
     return fig

@@ -24,8 +24,10 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 import torch
+from matplotlib.ticker import NullLocator
 
 from attn_utils.book import figures
+from attn_utils.book.formatting import fmt
 from attn_utils.mathematics import normalizers, registry, theory
 
 F64 = torch.float64
@@ -43,9 +45,22 @@ HEAD_DECAY, HEAD_FLAT = -0.5, -0.2             # per-head slope classes: "decays
 READING = {"reproduced": "the typical largest weight does shrink at a rate close to 1/t",
            "partly reproduced": "the typical largest weight shrinks, but clearly more slowly than 1/t",
            "not reproduced": "the typical largest weight does not shrink like 1/t over this window"}
+# short column headers of the decay curves of decay_curves, for the chapter's table
+DECAY_LABELS = {"mean_max": "mean max", "median_max": "median max", "mean_nosink": "mean max, token 0 excluded",
+                "median_nosink": "median max, token 0 excluded", "mean_top5": "mean of top 5",
+                "sink": "weight on token 0"}
 
 
 # --- Lemma 1 on synthetic rows ----------------------------------------------------------------------------
+
+
+def power_ticks(ax, largest: float) -> None:
+    """Label a log-scaled x axis at the powers of two from 2 to ``largest`` (every other one beyond seven of them),
+    without minor labels, so that no two labels collide on a short range."""
+    powers = [2 ** k for k in range(1, int(math.log2(largest)) + 1)]
+    shown = powers if len(powers) <= 7 else powers[::2]
+    ax.set_xticks(shown, labels=[fmt(v) for v in shown])
+    ax.xaxis.set_minor_locator(NullLocator())
 
 
 def positive_functions(Ts: Sequence[float]) -> dict[str, Callable]:
@@ -104,7 +119,7 @@ def lemma1_summary(table: pd.DataFrame) -> pd.DataFrame:
     """Per function F: rows checked, rows outside the bounds (beyond :data:`REL_TOL`), largest and median tightness."""
     return table.groupby("F", sort=False).agg(
         rows=("tightness", "size"), violations=("tightness", lambda r: int((r > 1 + REL_TOL).sum())),
-        tightest=("tightness", "max"), median_tightness=("tightness", "median"))
+        tightest=("tightness", "max"), **{"median tightness": ("tightness", "median")})
 
 
 def lemma1_facts(table: pd.DataFrame, Ts: Sequence[float]) -> dict:
@@ -125,13 +140,15 @@ def lemma1_facts(table: pd.DataFrame, Ts: Sequence[float]) -> dict:
 
 
 def plot_lemma1(table: pd.DataFrame, a: float) -> plt.Figure:
-    """One panel per F: against L, the largest weight of any row and of the uniform rows, the smallest weight of
-    any row, and Lemma 1's envelope C1/L, C2/L (two lines of slope -1 in log-log), for the rows with bound ``a``."""
+    """One panel per F, two per row: against L, the largest weight of any row and of the uniform rows, the smallest
+    weight of any row, and Lemma 1's envelope C1/L, C2/L (two lines of slope -1 in log-log), for the rows with
+    bound ``a``."""
     shown = table[table.a == a]
     names = list(dict.fromkeys(table.F))
-    fig, axes = plt.subplots(1, len(names), figsize=(2.9 * len(names), 3.2), sharey=True, squeeze=False)
+    n_rows = math.ceil(len(names) / 2)
+    fig, axes = plt.subplots(n_rows, 2, figsize=(7.5, 2.4 * n_rows + 1.3), sharex=True, sharey=True, squeeze=False)
     colors = sns.color_palette(figures.PALETTE)
-    for ax, f_name in zip(axes[0], names):
+    for ax, f_name in zip(axes.flat, names):
         sub = shown[shown.F == f_name]
         by_L = sub.groupby("L").agg(worst_max=("max weight", "max"), worst_min=("min weight", "min"),
                                     lower=("lower", "first"), upper=("upper", "first"))
@@ -142,9 +159,20 @@ def plot_lemma1(table: pd.DataFrame, a: float) -> plt.Figure:
         ax.plot(typical.index, typical.values, "s", color=colors[2], ms=3, label="largest weight (uniform rows)")
         ax.plot(by_L.index, by_L.worst_min, "v", color=colors[1], ms=4, label="smallest weight (any row)")
         ax.axhline(1, color="grey", lw=0.6)
-        ax.set(xscale="log", yscale="log", xlabel="row length $L$", title=f_name)
-    axes[0, 0].set_ylabel("attention weight")
-    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="outside lower center", ncols=4, fontsize="small")
+        ax.set(xscale="log", yscale="log", title=f_name)
+        power_ticks(ax, table.L.max())
+    for i, ax in enumerate(axes.flat[:len(names)]):
+        if i + 2 >= len(names):  # nothing below it: it carries the x axis
+            ax.xaxis.set_tick_params(labelbottom=True)
+            ax.set_xlabel("row length $L$")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("attention weight")
+    handles = axes[0, 0].get_legend_handles_labels()
+    if len(names) % 2:  # the free slot beside the last panel holds the legend
+        axes.flat[-1].axis("off")
+        axes.flat[-1].legend(*handles, loc="center", fontsize="small")
+    else:
+        fig.legend(*handles, loc="outside lower center", ncols=2, fontsize="small")
     figures.model_title(fig, f"Lemma 1 on synthetic rows with logits in [-{a:g}, {a:g}]", "synthetic data, no model")
     return fig
 
@@ -199,7 +227,7 @@ def corollary1_summary(table: pd.DataFrame) -> pd.DataFrame:
     """Per construction: rows, largest tightness, rows violating the mean-key-norm reading."""
     return table.groupby("construction", sort=False).agg(
         rows=("tightness", "size"), tightest=("tightness", "max"),
-        mean_reading_violations=("mean reading violated", "sum"))
+        **{"violations, mean-norm reading": ("mean reading violated", "sum")})
 
 
 def corollary1_facts(table: pd.DataFrame) -> dict:
@@ -231,11 +259,12 @@ def plot_escape(table: pd.DataFrame) -> plt.Figure:
     """Mean largest weight against L for each normalizer, with the 1/L of Lemma 1."""
     fig, ax = plt.subplots(figsize=(5.6, 3.6))
     sns.lineplot(data=table, x="L", y="max weight", hue="normalizer", style="normalizer", markers=True,
-                 errorbar=None, ax=ax, palette=figures.PALETTE)
+                 errorbar=None, ax=ax, palette=figures.NORMALIZER_COLOURS)
     grid_L = np.array(sorted(table.L.unique()), dtype=float)
     ax.plot(grid_L, 1 / grid_L, ":", color="grey", label="$1/L$")
     ax.set(xscale="log", yscale="log", xlabel="row length $L$", ylabel="largest weight of the row (mean)")
-    ax.legend(fontsize="small")
+    power_ticks(ax, table.L.max())
+    ax.legend(fontsize="small", loc="lower left")
     figures.model_title(fig, f"One planted key with logit gap {GAP:g}: who keeps it?", "synthetic data, no model")
     return fig
 
@@ -291,6 +320,14 @@ def model_rows(captured) -> ModelCheck:
     return ModelCheck(rows, n_violations, n_layers * n_heads * L * (L + 1) // 2, recon_error)
 
 
+def last_rows(rows: pd.DataFrame, n: int = 5) -> pd.DataFrame:
+    """The per-row quantities of the longest row (t = L) of the first ``n`` heads, one column per head, for reading."""
+    last = rows[rows.t == rows.t.max()].head(n)
+    shown = last.drop(columns=["layer", "head", "t"]).T
+    shown.columns = [f"layer {r.layer}, head {r.head}" for r in last.itertuples()]
+    return shown.rename_axis(f"row t = {int(rows.t.max())}")
+
+
 def model_facts(check: ModelCheck, captured) -> dict:
     """The numbers the prose quotes about Corollary 1 on the model: the counts, how close rows t >= 2 come to their
     bounds, and how far the bound lets a weight stray from 1/t (log10 e^{2 Delta_t/T}) against what is used."""
@@ -313,24 +350,25 @@ def model_facts(check: ModelCheck, captured) -> dict:
 
 
 def plot_spread(rows: pd.DataFrame, model: str) -> plt.Figure:
-    """Left: per layer, the distribution over rows t >= 2 of log10 e^{2 Delta_t/T}, the factor Corollary 1 allows
-    above 1/t; right: that factor pooled, against the factor used, log10(t max_j alpha_{t,j})."""
+    """Top: per layer, the distribution over rows t >= 2 of log10 e^{2 Delta_t/T}, the factor Corollary 1 allows
+    above 1/t; bottom: that factor pooled, against the factor used, log10(t max_j alpha_{t,j})."""
     valid = rows[rows.t >= 2]
     L = int(rows.t.max())
     observed = np.log10(valid.t * valid["max weight"])
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [1.6, 1]})
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7.5, 7.0))
     sns.boxplot(data=valid, x="layer", y="log10 spread", showfliers=False,
                 color=sns.color_palette(figures.PALETTE)[0], ax=ax1, linewidth=0.8)
     ax1.axhline(np.log10(L), ls="--", color="black", lw=1, label=f"$\\log_{{10}} {L}$: upper bound > 1 on every row")
-    ax1.set(ylabel="$\\log_{10} e^{2\\Delta_t/T}$ = $\\log_{10}$(upper bound $\\times\\, t$)", xlabel="layer")
-    ax1.tick_params(axis="x", labelsize="x-small")
-    ax1.legend(fontsize="small")
+    ax1.set(ylabel="$\\log_{10} e^{2\\Delta_t/T}$\n= $\\log_{10}$(upper bound $\\times\\, t$)", xlabel="layer")
+    ax1.tick_params(axis="x", labelsize="small")
+    ax1.legend(fontsize="small", loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     both = pd.concat([
         pd.DataFrame({"value": valid["log10 spread"], "quantity": "allowed: $\\log_{10} e^{2\\Delta_t/T}$"}),
         pd.DataFrame({"value": observed, "quantity": "observed: $\\log_{10}(t\\,\\max_j \\alpha_{t,j})$"})])
     sns.histplot(data=both, x="value", hue="quantity", bins=80, stat="density", common_norm=False, element="step",
                  ax=ax2)
     ax2.set(xlabel="$\\log_{10}$ of ($t$ times a weight)")
+    sns.move_legend(ax2, "lower center", bbox_to_anchor=(0.5, 1.0), ncols=2, title=None, frameon=False, fontsize="small")
     figures.model_title(fig, "How far Corollary 1 lets a weight stray from 1/t, per row", model)
     return fig
 
@@ -385,11 +423,13 @@ def plot_decay(by_t: pd.DataFrame, binned: pd.DataFrame, slope: float, model: st
     """The curves of :func:`decay_curves` (thin: single t, thick: log-binned), the fit of the binned median largest
     weight without token 0 over t >= t_min, and the uniform weight 1/t."""
     t_min = fit_start(int(by_t.index.max()))
-    fig, ax = plt.subplots(figsize=(6.8, 4.4))
+    fig, ax = plt.subplots(figsize=(7.0, 5.6))
     curves = {"mean_max": "mean max weight", "mean_nosink": "mean max weight, token 0 excluded",
               "median_nosink": "median max weight, token 0 excluded", "mean_top5": "mean of the top-5 weights",
               "sink": "mean weight on token 0"}
-    for (column, label), ls, color in zip(curves.items(), ["-", "-", "--", "-", ":"], sns.color_palette(figures.PALETTE)):
+    palette = sns.color_palette(figures.PALETTE)
+    colours = [palette[i] for i in (0, 1, 2, 5, 4)]  # no two oranges side by side
+    for (column, label), ls, color in zip(curves.items(), ["-", "-", "--", "-", ":"], colours):
         ax.plot(by_t.index, by_t[column], ls, color=color, lw=0.6, alpha=0.3)
         ax.plot(binned.index, binned[column], ls, color=color, lw=1.8, label=label)
     fit_x = binned.index[binned.index >= t_min].to_numpy()
@@ -400,7 +440,8 @@ def plot_decay(by_t: pd.DataFrame, binned: pd.DataFrame, slope: float, model: st
             label="$1/t$ (uniform weight, slope $-1$)")
     ax.axvline(t_min, color="grey", lw=0.6)
     ax.set(xscale="log", yscale="log", xlabel="row length $t$ (keys seen by the query)", ylabel="weight")
-    ax.legend(fontsize="x-small", loc="lower left")
+    power_ticks(ax, by_t.index.max())
+    fig.legend(loc="outside lower center", ncols=2, fontsize="small")
     figures.model_title(fig, "Largest attention weights against row length, averaged over all heads", model)
     return fig
 
@@ -434,9 +475,10 @@ def head_classes(slopes: pd.DataFrame) -> pd.DataFrame:
 
 def plot_head_slopes(slopes: pd.DataFrame, t_min: int, model: str) -> plt.Figure:
     """Histogram of the per-head slopes, with the slope -1 of Lemma 1 and the class limits."""
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    fig, ax = plt.subplots(figsize=(6.8, 4.0))
     long_slopes = slopes.melt(var_name="largest weight", value_name="slope")
     sns.histplot(data=long_slopes, x="slope", hue="largest weight", bins=30, element="step", ax=ax)
+    sns.move_legend(ax, "lower center", bbox_to_anchor=(0.5, 1.0), ncols=2, frameon=False, fontsize="small")
     for x, ls in ((-1, "-"), (HEAD_DECAY, "--"), (HEAD_FLAT, "--")):
         ax.axvline(x, color="black", lw=0.8, ls=ls)
     ax.set(xlabel=f"log-log slope of the head's median largest weight against $t$ ($t\\geq{t_min}$)",
