@@ -50,6 +50,7 @@ chapters = None           # None (whole novel) or [first, last]: consecutive cha
 offset = 0                # first token of the window
 L = 1024                  # window length (tokens) fed to the model; row t of a head sees t keys
 seed = 0                  # seed of every synthetic draw
+device = "auto"           # "auto" (a GPU if there is one, else the CPU), "cpu" or "cuda": runs the model and the analysis
 synthetic_lengths = [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]  # row lengths of the synthetic checks
 Ts = [0.25, 1.0, 4.0]     # softmax temperatures of the synthetic checks
 n_trials = 200            # synthetic rows per (normalizer or temperature, length)
@@ -57,7 +58,7 @@ n_trials = 200            # synthetic rows per (normalizer or temperature, lengt
 # %%
 from attn_utils.book.params import validate
 
-p = validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed,
+p = validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, device=device, seed=seed,
              synthetic_lengths=synthetic_lengths, Ts=Ts, n_trials=n_trials)
 
 # %% tags=["hide-input"]
@@ -310,7 +311,8 @@ figures.glue_figure("fig_ch1_escape", vanishing.plot_escape(escape))
 # figure and in the table below (see {doc}`ch0_setting` for how it is chosen).
 
 # %%
-session = Session.open(model=p.model, corpus=p.corpus, chapters=p.chapters, offset=p.offset, L=p.L, seed=p.seed)
+session = Session.open(model=p.model, corpus=p.corpus, chapters=p.chapters, offset=p.offset, L=p.L, seed=p.seed,
+                       device=device)
 captured = session.capture(what=("weights", "q", "k"))  # (layers, heads, L, L) weights; (layers, heads, L, d) q, k
 table(pd.Series(session.summary()).rename_axis("model and window").reset_index(name="value"))
 

@@ -50,6 +50,7 @@ chapters = None                        # None (whole novel) or [first, last]: co
 offset = 0                             # first token of the window
 L = 1024                               # window length in tokens; panel (b) of Figure 2 uses rows of this length
 seed = 0                               # seed of every random draw (synthetic instances, Monte Carlo)
+device = "auto"                        # "auto" (a GPU if there is one, else the CPU), "cpu" or "cuda": runs the model and the analysis
 N = 5                                  # top-N size of panel (a) (distance against the length)
 lengths = [32, 64, 128, 256, 512, 1024]  # lengths of panels (a) and (c); those above L are dropped
 Ns = [1, 5, 10, 20, 100]               # top-N sizes of panel (b); those not below L are dropped
@@ -63,7 +64,7 @@ rows_per_octave = 32                   # query rows sampled per octave of positi
 # %%
 from attn_utils.book.params import validate
 
-p = validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed, N=N, lengths=lengths,
+p = validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, device=device, seed=seed, N=N, lengths=lengths,
              Ns=Ns, ks_alpha=ks_alpha, n_trials=n_trials, n_samples=n_samples, vectors=vectors,
              distance_reading=distance_reading, rows_per_octave=rows_per_octave)
 if p.N >= min(p.lengths):
@@ -472,7 +473,8 @@ claims.record("ch2-cor2-synthetic", model="synthetic", failures=s["s_cor_fail"],
 # measures that deviation.
 
 # %%
-session = Session.open(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed)
+session = Session.open(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed,
+                       device=device)
 weights, x, captured = distance.capture(session, vectors)
 table(pd.Series(session.summary()).rename_axis("model and window").reset_index(name="value"))
 

@@ -48,6 +48,7 @@ chapters = None           # None (whole novel) or [first, last]: consecutive cha
 offset = 0                # first token of the window
 L = 1024                  # window length (tokens) fed to the model, and length of the synthetic rows
 seed = 0                  # seed of every synthetic draw (Figure 1, the synthetic spheres, the exercise)
+device = "auto"           # "auto" (a GPU if there is one, else the CPU), "cpu" or "cuda": runs the model and the analysis
 Ns = [1, 2, 4, 8, 16, 32, 64, 100]  # top-N sizes; values not below L are dropped
 M = 1.0                   # radius of the sphere of Assumption 1 (vectors are projected onto it)
 vectors = "value"         # per-head vectors playing the role of the x_i: "value", "key" or "query"
@@ -57,7 +58,7 @@ n_trials = 100            # synthetic instances (embeddings + 4 query rows) per 
 # %%
 from attn_utils.book.params import validate
 
-Ns = validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed, Ns=Ns, M=M,
+Ns = validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, device=device, seed=seed, Ns=Ns, M=M,
               vectors=vectors, sigmas=sigmas, n_trials=n_trials).Ns  # values of Ns not below L are dropped
 
 # %% tags=["hide-input"]
@@ -403,7 +404,8 @@ claims.record("ch3-thm2-upper-synthetic", model="synthetic", violations=syn_s["u
 # with $t\le N$ are skipped.
 
 # %%
-session = Session.open(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed)
+session = Session.open(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed,
+                       device=device)
 captured = session.capture(what=("weights", VECTOR_FIELD[vectors]))
 x_model = session.vectors(captured, vectors)                 # (layers, heads, L, d_head)
 with runlog.timing("Algorithm 4"):  # the reproducibility chapter sets this time beside the paper's Table 1

@@ -50,6 +50,7 @@ chapters = None           # None (whole novel) or [first, last]: consecutive cha
 offset = 0                # first token of the window
 L = 1024                  # window length (tokens); every query row of every head is used (the paper's setting)
 seed = 0                  # seed of every random draw (synthetic instances, perturbation directions)
+device = "auto"           # "auto" (a GPU if there is one, else the CPU), "cpu" or "cuda": runs the model and the analysis
 Ts = [1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0]  # temperatures of Figure 4 (the model's own T is added)
 epsilons = [1e-3, 1e-1, 10.0]  # perturbation sizes eps of g(T, eps) (the paper's three values)
 logit_scale = "raw"       # "raw" (logits q.k; the model's own T is 1/scaling, 8 at head dim 64) or "model" (logits q.k*scaling; own T is 1)
@@ -58,7 +59,7 @@ n_trials = 3000           # random synthetic instances for each numerical check 
 # %%
 from attn_utils.book.params import validate
 
-p = validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed, Ts=Ts,
+p = validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, device=device, seed=seed, Ts=Ts,
              epsilons=epsilons, logit_scale=logit_scale, n_trials=n_trials)
 
 # %% tags=["hide-input"]
@@ -363,7 +364,8 @@ for key in ("ch4-corollary3-entries", "ch4-corrected-spectral", "ch4-finite-diff
 # own temperature on that scale (`captured.temperature`), which is added to the grid `Ts`.
 
 # %%
-session = Session.open(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed)
+session = Session.open(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed,
+                       device=device)
 captured = session.capture(what=("logits",), logit_scale=logit_scale)  # logits and temperature on that scale
 logits, T_model = captured.logits, float(captured.temperature.median())
 Ts_run = sorted({float(T) for T in Ts} | {T_model})  # the grid `Ts` and the model's own temperature

@@ -59,10 +59,10 @@ from attn_utils.book.chapters import reproducibility as repro
 from attn_utils.book.formatting import glue_values, table
 
 figures.set_style()
-ledger = repro.ledger()
+ledger, across = repro.ledger(), repro.windows()  # across: None unless the build was given a windows result
 
 # %% tags=["remove-cell"]
-glue_values(repro.summary(ledger))
+glue_values({**repro.summary(ledger), **repro.windows_summary(ledger, across)})
 glue("glance", HTML(repro.glance(ledger)), display=False)  # the first page's "results at a glance"
 
 # %% [markdown]
@@ -100,9 +100,12 @@ figures.glue_figure("fig_ch5_verdicts", repro.verdict_figure(ledger))
 #
 # The table lists every row ({numref}`fig-ch5-verdicts` counts them); it scrolls sideways where the
 # column is too narrow.
+#
+# One window of text is one sample of the novel: a verdict that depends on the passage read is weaker
+# evidence than one that holds wherever the model reads. {glue:text}`windows_note`.
 
 # %% tags=["hide-input"]
-repro.table(ledger)
+repro.table(ledger, across)
 
 # %% [markdown]
 # ## Provenance of each run

@@ -60,6 +60,7 @@ offset = 0                # first token of the window
 L = 1024                  # window of the paper (tokens); the normalizer lenses use the query rows t up to L
 long_lengths = None       # longer windows: None for 2L and 4L as far as the model context allows, or a list of lengths above L
 seed = 0                  # seed of every random draw (synthetic rows, directions, permutations)
+device = "auto"           # "auto" (a GPU if there is one, else the CPU), "cpu" or "cuda": runs the model and the analysis
 normalizers = ["softmax", "sparsemax", "entmax15", "ssmax", "softmax1", "self_adjust", "self_adjust_normalized"]  # normalizers compared
 synthetic_lengths = [4, 16, 64, 256, 1024, 4096]  # row lengths of the synthetic checks (independent of L)
 Ts = [0.001, 0.01, 0.1, 1.0, 10.0]  # temperatures of the gradient lens (on the model: multiples of its own temperature)
@@ -72,7 +73,7 @@ rows_per_octave = 4       # query rows sampled per octave of positions [2^k, 2^(
 # %%
 from attn_utils.book.params import validate
 
-p = validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, long_lengths=long_lengths, seed=seed,
+p = validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, device=device, long_lengths=long_lengths, seed=seed,
              normalizers=normalizers, synthetic_lengths=synthetic_lengths, Ts=Ts, N=N, Ns=Ns, n_trials=n_trials,
              n_samples=n_samples, rows_per_octave=rows_per_octave)
 
@@ -475,7 +476,8 @@ claims.record("ch6-jacobians", model="synthetic", **gradient.claim());
 # the model's softmax and every difference comes from the length dependence alone.
 
 # %%
-session = Session.open(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed)
+session = Session.open(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed,
+                       device=device)
 logits = remedies.capture_logits(session, long_lengths, rows_per_octave, threads=threads)
 table(logits.facts(session.summary()), index=True, caption="The model and the window it read")
 

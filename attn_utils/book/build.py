@@ -303,14 +303,17 @@ def check_repository(repository: str | None) -> str | None:
 
 
 def build_book(parameters: dict[str, Any] | None = None, *, root: Path = ROOT, out: Path | None = None,
-               progress: bool = True, repository: str | None = None) -> BookResult:
+               progress: bool = True, repository: str | None = None,
+               windows: dict[str, Any] | None = None) -> BookResult:
     """Execute every notebook of the book and build the HTML into ``out`` (default ``_build/html``).
 
     A parameter is passed to every notebook that declares it; one that no notebook declares is an
     error, and so is any failure of :func:`preflight`, before anything executes. Notebooks run in the
     order of ``_toc.yml``, except those that read the build's run records (the claims ledger), which run
     last. ``repository`` (default ``$ATTN_COMPANION_REPOSITORY``) turns on the repository, Binder and
-    Colab buttons. On any failure the previous ``out`` is left untouched.
+    Colab buttons. ``windows``, a result of ``attn-companion windows`` (:func:`attn_utils.book.windows.load`), is
+    left in the build's run records (``windows/windows.json``), where the ledger chapter reads it. On any failure
+    the previous ``out`` is left untouched.
     """
     parameters = dict(parameters or {})
     repository = check_repository(repository or os.environ.get("ATTN_COMPANION_REPOSITORY"))
@@ -335,6 +338,8 @@ def build_book(parameters: dict[str, Any] | None = None, *, root: Path = ROOT, o
         _configure(staging / "_config.yml", repository)
         run_dir = staging / "_run"
         run_dir.mkdir()
+        if windows is not None:
+            runlog.write("windows", "windows", windows, folder=run_dir)
         timings: dict[str, float] = {}
         for i, nb in enumerate(sorted(notebooks, key=reads_run_records), 1):
             print(f"[{i}/{len(notebooks)}] executing {nb.name} {own[nb] or ''}", flush=True)

@@ -127,10 +127,10 @@ def fixed_set_instances(n_trials: int, generator: torch.Generator) -> pd.DataFra
         factor = abar * (length - n_top) - (1 - abar)
         largest = torch.where(sel[:, 0], x.norm(dim=-1), 0.0).amax(-1)
         frames.append(pd.DataFrame({
-            "family": family, "L": length, "N": n_top, "bound": bound.numpy(),
-            "sqrt_bound": (bound - largest * factor + largest * factor.clamp_min(0).sqrt()).numpy(),
-            "sum_of_norms": metrics.cumulative_distance(w, x, sel)[:, 0].numpy(),
-            "norm_of_sum": metrics.cumulative_distance(w, x, sel, reading="norm_of_sum")[:, 0].numpy()}))
+            "family": family, "L": length, "N": n_top, "bound": bound.cpu().numpy(),
+            "sqrt_bound": (bound - largest * factor + largest * factor.clamp_min(0).sqrt()).cpu().numpy(),
+            "sum_of_norms": metrics.cumulative_distance(w, x, sel)[:, 0].cpu().numpy(),
+            "norm_of_sum": metrics.cumulative_distance(w, x, sel, reading="norm_of_sum")[:, 0].cpu().numpy()}))
     fixed = pd.concat(frames, ignore_index=True)
     slack = TOL * (1 + fixed["bound"].abs())
     positive = fixed["bound"].where(fixed["bound"] > 0, 1.0)
@@ -246,8 +246,8 @@ def random_set_checks(n_trials: int, n_samples: int, generator: torch.Generator
         for family in EXACT_FAMILIES:
             w, x, _ = make_batch(family, length, 1, 16, generator)
             for n_top, value in zip((1, length - 1), closed_form_expectations(w, x)):
-                frames.append(pd.DataFrame({"family": family, "L": length, "N": n_top, "exact": value.numpy(),
-                                            "main sum": theory.theorem1_random_main_sum(w, x, n_top)[:, 0].numpy()}))
+                frames.append(pd.DataFrame({"family": family, "L": length, "N": n_top, "exact": value.cpu().numpy(),
+                                            "main sum": theory.theorem1_random_main_sum(w, x, n_top)[:, 0].cpu().numpy()}))
     closed = pd.concat(frames, ignore_index=True)
     frames = []
     for length in MC_LENGTHS:
@@ -256,9 +256,9 @@ def random_set_checks(n_trials: int, n_samples: int, generator: torch.Generator
             main = theory.theorem1_random_main_sum(w, x, n_top)[:, 0]
             reps = torch.stack([metrics.expected_distance_mc(w, x, n_top, n_samples=max(1, n_samples // REPS),
                                                               generator=generator)[:, 0] for _ in range(REPS)])
-            frames.append(pd.DataFrame({"L": length, "N": n_top, "main sum": main.numpy(),
-                                        "Monte Carlo": reps.mean(0).numpy(),
-                                        "standard error": (reps.std(0) / math.sqrt(REPS)).numpy()}))
+            frames.append(pd.DataFrame({"L": length, "N": n_top, "main sum": main.cpu().numpy(),
+                                        "Monte Carlo": reps.mean(0).cpu().numpy(),
+                                        "standard error": (reps.std(0) / math.sqrt(REPS)).cpu().numpy()}))
     mc = pd.concat(frames, ignore_index=True)
     mc["z"] = (mc["main sum"] - mc["Monte Carlo"]) / mc["standard error"].where(mc["standard error"] > 0)
     return exact, closed, mc
@@ -312,8 +312,8 @@ def corollary2_checks(generator: torch.Generator) -> tuple[pd.DataFrame, pd.Data
             main = theory.theorem1_random_main_sum(w, x, n_top)[:, 0]
             A = theory.corollary2_small_n_limit(w, x)[:, 0]
             gap = theory.corollary2_bounds(w, x, n_top).small_n_gap[:, 0]
-            rows.append(pd.DataFrame({"L": length, "vectors": kind, "E / A": (main / A).numpy(),
-                                      "gap holds": ((main - A).abs() <= gap * (1 + TOL) + TOL).numpy()}))
+            rows.append(pd.DataFrame({"L": length, "vectors": kind, "E / A": (main / A).cpu().numpy(),
+                                      "gap holds": ((main - A).abs() <= gap * (1 + TOL) + TOL).cpu().numpy()}))
     small_n = pd.concat(rows, ignore_index=True)
     w = torch.softmax(2 * _randn(generator, COR_ROWS, 1, COR_L2), -1)
     x = _randn(generator, COR_ROWS, COR_L2, DIM) + 1.0 * torch.eye(DIM, dtype=F64)[0]
@@ -321,8 +321,8 @@ def corollary2_checks(generator: torch.Generator) -> tuple[pd.DataFrame, pd.Data
     for n_top in range(1, COR_L2):
         main = theory.theorem1_random_main_sum(w, x, n_top)[:, 0]
         cap = theory.corollary2_bounds(w, x, n_top).large_n_cap[:, 0]
-        rows.append(pd.DataFrame({"N": n_top, "main sum": main.numpy(), "cap": cap.numpy(),
-                                  "cap holds": (main <= cap * (1 + TOL) + TOL).numpy()}))
+        rows.append(pd.DataFrame({"N": n_top, "main sum": main.cpu().numpy(), "cap": cap.cpu().numpy(),
+                                  "cap holds": (main <= cap * (1 + TOL) + TOL).cpu().numpy()}))
     return small_n, pd.concat(rows, ignore_index=True)
 
 

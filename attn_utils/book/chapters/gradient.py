@@ -36,7 +36,7 @@ TOL = 1e-12                                          # rounding allowance of the
 
 def spectral_norm(J: torch.Tensor) -> np.ndarray:
     """Largest singular value of each matrix of a (..., L, L) stack (LAPACK through NumPy)."""
-    return np.linalg.norm(J.detach().numpy(), ord=2, axis=(-2, -1))
+    return np.linalg.norm(J.detach().cpu().numpy(), ord=2, axis=(-2, -1))
 
 
 def per_eps(epsilons: Sequence[float], values: Sequence[float], digits: int = 3) -> str:
@@ -164,9 +164,9 @@ def lemma2_check(n_trials: int, seed: int) -> pd.DataFrame:
                     lambda x: (F(x, theta) / F(x, theta).sum(-1, keepdim=True)).sum(0), l).permute(1, 0, 2)
                 unit = dF(l, theta).abs().amax(-1) / F(l, theta).sum(-1)
                 frames.append(pd.DataFrame({"normalizer": name, "kind": kind, "L": L,
-                                            "relative error": ((J - auto).abs().amax((-2, -1)) / unit).numpy(),
+                                            "relative error": ((J - auto).abs().amax((-2, -1)) / unit).cpu().numpy(),
                                             "norm": spectral_norm(J),
-                                            "bound": theory.lemma2_bound(F, dF, l, theta).numpy()}))
+                                            "bound": theory.lemma2_bound(F, dF, l, theta).cpu().numpy()}))
     check = pd.concat(frames, ignore_index=True)
     check["bound / norm"] = check["bound"] / check["norm"]
     check["violated"] = check["norm"] > check["bound"] * (1 + 1e-10)
@@ -230,14 +230,14 @@ def corollary3_check(n_trials: int, epsilons: Sequence[float], seed: int) -> pd.
             a = torch.softmax(l / T, -1)
             J = theory.softmax_jacobian(a, 1.0) / T.unsqueeze(-1)
             auto = torch.autograd.functional.jacobian(lambda x: torch.softmax(x / T, -1).sum(0), l).permute(1, 0, 2)
-            columns = {"kind": kind, "L": L, "T": T.squeeze(-1).numpy(), "norm": spectral_norm(J),
-                       "entry": J.abs().amax((-2, -1)).numpy(),
-                       "diag": torch.diagonal(J, dim1=-2, dim2=-1).amax(-1).numpy(),
-                       "autograd error": ((J - auto).abs().amax((-2, -1)) * T.squeeze(-1)).numpy()}
+            columns = {"kind": kind, "L": L, "T": T.squeeze(-1).cpu().numpy(), "norm": spectral_norm(J),
+                       "entry": J.abs().amax((-2, -1)).cpu().numpy(),
+                       "diag": torch.diagonal(J, dim1=-2, dim2=-1).amax(-1).cpu().numpy(),
+                       "autograd error": ((J - auto).abs().amax((-2, -1)) * T.squeeze(-1)).cpu().numpy()}
             for eps in epsilons:
                 v = torch.randn(l.shape, dtype=torch.float64, generator=generator)
                 v = v / v.norm(dim=-1, keepdim=True)
-                g = ((torch.softmax((l + eps * v) / T, -1) - a).norm(dim=-1) / eps).numpy()
+                g = ((torch.softmax((l + eps * v) / T, -1) - a).norm(dim=-1) / eps).cpu().numpy()
                 frames.append(pd.DataFrame({**columns, "eps": eps, "g": g}))
     check = pd.concat(frames, ignore_index=True)
     check["stated"] = [theory.corollary3_bound(T) for T in check["T"]]

@@ -543,7 +543,7 @@ class ModelLogits:
         base = {"layer": np.repeat(np.arange(self.n_layers), self.n_heads * n),
                 "head": np.tile(np.repeat(np.arange(self.n_heads), n), self.n_layers),
                 "row": np.tile(rows, self.n_layers * self.n_heads)}
-        return pd.DataFrame({**{k: v.flatten().numpy() if torch.is_tensor(v) else v for k, v in columns.items()},
+        return pd.DataFrame({**{k: v.flatten().cpu().numpy() if torch.is_tensor(v) else v for k, v in columns.items()},
                              **base})
 
     def facts(self, session_summary: dict) -> pd.DataFrame:
@@ -573,16 +573,16 @@ def capture_logits(session, long_lengths, rows_per_octave, threads: int | None =
     stored = {g: [[] for _ in blocks] for g, blocks in groups.items()}
     values, check = [], {"err": 0.0}
 
-    def collect(layer):
-        q, k = layer.q[0], layer.k[0]
+    def collect(layer):  # the forward pass runs on the session's device; what is kept is analysed on the CPU
+        q, k, v, w = (t[0].cpu() for t in (layer.q, layer.k, layer.v, layer.weights))
         for g, blocks in groups.items():
             for b, (pos, K) in enumerate(blocks):
                 stored[g][b].append((q[:, torch.as_tensor(row_sets[g][pos])] @ k[:, :K].mT) * layer.scaling)
-        values.append(layer.v[0].clone())
+        values.append(v.clone())
         pos, K = groups["main"][-1]
         rows = torch.as_tensor(main[pos])
         ours = torch.softmax(stored["main"][-1][-1].masked_fill(~causal_mask(K)[rows], -torch.inf), -1)
-        check["err"] = max(check["err"], float((ours - layer.weights[0][:, rows, :K]).abs().max()))
+        check["err"] = max(check["err"], float((ours - w[:, rows, :K]).abs().max()))
 
     previous = torch.get_num_threads()
     torch.set_num_threads(threads or previous)
@@ -780,7 +780,7 @@ def geometry_model(m: ModelLogits, names, N: int, Ns) -> GeometryModel:
                                support=support)
                 if n_top == N:
                     s_norm = (torch.where(g.selected, w, 0.0) @ v[:, :, :block.K]).norm(dim=-1)
-                    frame["count share"] = (((block.mask.sum(-1) - n_top) * s_norm) / g.distance).flatten().numpy()
+                    frame["count share"] = (((block.mask.sum(-1) - n_top) * s_norm) / g.distance).flatten().cpu().numpy()
                 frames.append(frame)
                 if name == "softmax" and n_top in coverage_inputs:
                     coverage_inputs[n_top].append((g.selected, g.separated, g.valid))
@@ -789,8 +789,8 @@ def geometry_model(m: ModelLogits, names, N: int, Ns) -> GeometryModel:
     n_chk, vk = min(N, last.K - 1), v[:1, :, :last.K]
     w0 = registry.normalize(last.logits[:1], "softmax1", mask=last.mask)
     fast = lenses.geometry(w0, vk, n_chk, last.mask, keys=False)
-    route = max(np.nanmax(np.abs((fast.distance - lenses.lens_distance(w0, vk, n_chk, last.mask)).numpy())),
-                np.nanmax(np.abs((fast.separability - lenses.lens_separability(w0, vk, n_chk, last.mask)).numpy())))
+    route = max(np.nanmax(np.abs((fast.distance - lenses.lens_distance(w0, vk, n_chk, last.mask)).cpu().numpy())),
+                np.nanmax(np.abs((fast.separability - lenses.lens_separability(w0, vk, n_chk, last.mask)).cpu().numpy())))
     return GeometryModel(names, N, grid, rows, _geometry_summary(m, rows, grid), float(route), coverage_inputs)
 
 
@@ -1183,8 +1183,8 @@ def coverage(m: ModelLogits, geo: GeometryModel, Ns, n_samples: int, seed: int) 
             continue
         rows.append(_coverage_row(n_top, n_heads, n_samples, total, null, null_layer, obs_layer, exp_layer))
         assoc = lenses.association_from_counts(**counts)
-        phis.append(pd.DataFrame({"N": n_top, "phi": assoc["phi"].numpy()[:, iu[0], iu[1]].flatten(),
-                                  "pvalue": assoc["pvalue"].numpy()[:, iu[0], iu[1]].flatten(),
+        phis.append(pd.DataFrame({"N": n_top, "phi": assoc["phi"].cpu().numpy()[:, iu[0], iu[1]].flatten(),
+                                  "pvalue": assoc["pvalue"].cpu().numpy()[:, iu[0], iu[1]].flatten(),
                                   "pair": np.where(same, "same key/value head",
                                                    "different key/value heads").flatten()}))
     phis = pd.concat(phis, ignore_index=True) if phis else pd.DataFrame(columns=["N", "phi", "pvalue", "pair"])

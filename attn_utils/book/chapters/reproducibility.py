@@ -4,12 +4,13 @@ the paper's Table 1. Everything here reads the run records that the other chapte
 from __future__ import annotations
 
 import html
+from collections import Counter
 
 import matplotlib.pyplot as plt
 import pandas as pd
 
 from attn_utils.book import claims, figures, runlog
-from attn_utils.book.formatting import table as formatted
+from attn_utils.book.formatting import fmt, table as formatted
 
 PAPER_MODEL = "gpt2"
 # The paper's Table 1 (Appendix B): minutes on an Apple M1 Pro, and whether the run was parallel. Our distance
@@ -40,12 +41,68 @@ def summary(rows: pd.DataFrame) -> dict:
             "not the paper's GPT-2 small, so every empirical verdict is about a different pretrained model"}
 
 
-def table(rows: pd.DataFrame):
+def table(rows: pd.DataFrame, across: dict | None = None):
     """The ledger for reading (:func:`attn_utils.book.formatting.table`): one coloured verdict per row, the rule
-    that decided it beside the values."""
-    shown = rows[["verdict", "chapter", "claim", "paper", "ours", "rule", "model"]].map(html.escape)  # "N << L"
+    that decided it beside the values; with ``across`` (:func:`windows`), the column of :func:`stability` after the
+    verdict."""
+    columns = ["verdict", "chapter", "claim", "paper", "ours", "rule", "model"]
+    shown = rows[columns].map(html.escape)  # "N << L"
+    if across is not None:
+        shown.insert(1, stability_column(across), stability(rows, across).map(html.escape))
     return formatted(shown).map(lambda v: f"background-color: {figures.VERDICT_COLOURS.get(v, '')}",
                                 subset=["verdict"])
+
+
+def windows() -> dict | None:
+    """The result of ``attn-companion windows`` that this build was given (``attn-companion book --windows FILE``
+    leaves it in the run records), or None: the default build measures one window."""
+    found = runlog.read("windows")
+    return found[0] if found else None
+
+
+def stability_column(across: dict) -> str:
+    return f"stable across {across['K']} windows"
+
+
+def stability(rows: pd.DataFrame, across: dict) -> pd.Series:
+    """Per ledger row, for a claim measured on a model: ``yes`` when its verdict was the same in all K windows,
+    else ``no`` with the verdicts seen and how often (``not recorded`` for a window whose run failed), then the
+    median [min, max] across windows of its headline number (the first value its rule names); ``not measured``
+    for a model claim the windows lack; empty for synthetic rows, which do not depend on the window."""
+    by_key = {c["key"]: c for c in across["claims"]}
+
+    def text(key: str, model: str) -> str:
+        if model == "synthetic":
+            return ""
+        c = by_key.get(key)
+        if c is None:
+            return "not measured"
+        counts = Counter(v or "not recorded" for v in c["verdicts"])
+        said = "yes" if c["stable"] else "no: " + ", ".join(f"{v} x{n}" for v, n in counts.items())
+        if c["headline"] in c["values"]:
+            s = c["values"][c["headline"]]
+            said += f"; {c['headline']} {fmt(s['median'])} [{fmt(s['min'])}, {fmt(s['max'])}]"
+        return said
+
+    return pd.Series([text(k, m) for k, m in zip(rows.key, rows.model)], index=rows.index, dtype=object)
+
+
+def windows_summary(rows: pd.DataFrame, across: dict | None) -> dict:
+    """``windows_note``, the sentence that says how many windows this build's model claims were measured on and,
+    with ``across``, how many of them are stable."""
+    if across is None:
+        return {"windows_note": "This build measured each claim on one window of the novel (its provenance is "
+                                "below); the result of attn-companion windows, passed to the build, adds a column "
+                                "that says whether each verdict holds across windows spread over the novel"}
+    column = stability(rows, across)
+    model = column[rows.model != "synthetic"]
+    starts = ", ".join(str(w["chapter"]) for w in across["windows"])
+    return {"windows_note": f"Each claim measured on a model was also measured on {across['K']} windows spread "
+                            f"over the novel (starting at chapters {starts} of {across['n_chapters']}): the column "
+                            f"'{stability_column(across)}' says yes when its verdict was the same in every window, "
+                            f"else which verdicts were seen, and the median [min, max] across windows of the number "
+                            f"its rule decides on; {int(model.str.startswith('yes').sum())} of {len(model)} "
+                            f"model claims are stable"}
 
 
 def verdict_figure(rows: pd.DataFrame) -> plt.Figure:

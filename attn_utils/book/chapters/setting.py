@@ -91,7 +91,7 @@ def heatmaps(weights: torch.Tensor, model: str, heads: int = 4) -> plt.Figure:
         if h >= shown:
             ax.remove()
             continue
-        image = ax.imshow(np.ma.masked_array(weights[h].float().numpy(), masked), cmap=cmap,
+        image = ax.imshow(np.ma.masked_array(weights[h].float().cpu().numpy(), masked), cmap=cmap,
                           norm=PowerNorm(0.5, vmin=0, vmax=1), interpolation="nearest")
         ax.add_patch(masked_region(L))
         ax.grid(False)

@@ -104,8 +104,8 @@ def lemma1_table(family: dict[str, Callable], lengths: Sequence[int], n_trials: 
             logits = torch.cat([draw_logits(p, a, n, length, gen) for (a, p), n in zip(COMBOS, counts)])
             weights = normalizers.general(logits, F=F)
             bounds = {a: theory.lemma1_bounds(F, a, length) for a in A_GRID}
-            frame = pd.DataFrame({**labels, "max weight": weights.amax(-1).numpy(),
-                                  "min weight": weights.amin(-1).numpy()})
+            frame = pd.DataFrame({**labels, "max weight": weights.amax(-1).cpu().numpy(),
+                                  "min weight": weights.amin(-1).cpu().numpy()})
             frame["lower"] = frame.a.map(lambda a: bounds[a].lower)
             frame["upper"] = frame.a.map(lambda a: bounds[a].upper)
             frame["F"], frame["L"] = f_name, length
@@ -218,8 +218,8 @@ def corollary1_table(Ts: Sequence[float], lengths: Sequence[int], n_trials: int,
                                  | (w_min < 1 / (spread_mean * length) * (1 - REL_TOL)))
                 frames.append(pd.DataFrame({
                     "T": T, "L": length, "construction": construction,
-                    "tightness": torch.maximum(w_max / upper, torch.where(w_min > 0, lower / w_min, 0.0)).numpy(),
-                    "mean reading violated": mean_violated.numpy()}))
+                    "tightness": torch.maximum(w_max / upper, torch.where(w_min > 0, lower / w_min, 0.0)).cpu().numpy(),
+                    "mean reading violated": mean_violated.cpu().numpy()}))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -313,7 +313,7 @@ def model_rows(captured) -> ModelCheck:
             per_row["max weight, token 0 excluded"][layer, :, 1:] = w[:, 1:, 1:].amax(-1)
         if L >= 5:
             per_row["mean top-5 weight"][layer, :, 4:] = torch.topk(w[:, 4:], 5, dim=-1).values.mean(-1)
-    rows = pd.DataFrame({name: v.flatten().numpy() for name, v in per_row.items()})
+    rows = pd.DataFrame({name: v.flatten().cpu().numpy() for name, v in per_row.items()})
     rows["layer"] = np.repeat(np.arange(n_layers), n_heads * L)
     rows["head"] = np.tile(np.repeat(np.arange(n_heads), L), n_layers)
     rows["t"] = np.tile(np.arange(1, L + 1), n_layers * n_heads)
