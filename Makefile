@@ -1,7 +1,8 @@
 # The two commands of the README:
 #   make book   - install into .venv, execute every notebook with papermill, build _build/html
 #   make test   - install into .venv, run the test suite
-# PARAMS="name=value ..." passes notebook parameters to every notebook of `make book`.
+# PARAMS="name=value ..." passes notebook parameters to every notebook of `make book`;
+# WINDOWS=runs/windows/windows.json adds the verdicts across K windows (attn-companion windows) to the ledger.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -9,6 +10,7 @@ LOCK := requirements.txt
 TORCH := 2.13.0
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(LOCK) Makefile | cksum | cut -d' ' -f1)
 PARAMS ?=
+WINDOWS ?=
 
 .PHONY: book test install lock benchmark clean pair
 
@@ -36,7 +38,7 @@ lock:
 	sed -i 's/^torch==\(.*\)+cpu$$/torch==\1/' $(LOCK)
 
 book: $(STAMP)
-	$(VENV)/bin/attn-companion book --params "$(PARAMS)"
+	$(VENV)/bin/attn-companion book --params "$(PARAMS)" $(if $(WINDOWS),--windows "$(WINDOWS)")
 
 # two workers, one per core, each with one intra-op thread (more would oversubscribe the cores);
 # --dist loadfile keeps a file on one worker, so the whole-book build of tests/test_book.py runs once

@@ -4,6 +4,9 @@
     attn-companion run NOTEBOOK [-p NAME VALUE ...]         execute one notebook into runs/
     attn-companion sweep NOTEBOOK -p NAME v1,v2 ... [--workers K | --scheduler ADDRESS] [--force]
                                                             every combination, on a Dask cluster; a table and an index
+    attn-companion windows [--windows K] [--notebooks NB ...] [-p NAME VALUE ...] [--workers N | --scheduler ADDRESS]
+                                                            the model chapters on K windows across the novel: verdicts
+                                                            and their spread (windows.json; book --windows FILE)
     attn-companion params [NOTEBOOK]                        list the parameters and what they accept
     attn-companion student --out COURSE [NOTEBOOK ...] [-p NAME VALUE ...] [--time-limit S] [--exercises-only]
                                                             an nbgrader course of the exercises
@@ -23,7 +26,7 @@ import signal
 import sys
 from pathlib import Path
 
-from attn_utils.book import build, sweep
+from attn_utils.book import build, sweep, windows
 
 from attn_utils.book.params import describe
 from attn_utils.classroom import exercises, grading, student
@@ -118,6 +121,9 @@ def parser() -> argparse.ArgumentParser:
     p_book.add_argument("--repository", default=None, metavar="https://github.com/OWNER/NAME",
                         help="the public repository: turns on the repository, Binder and Colab buttons "
                              "(default $ATTN_COMPANION_REPOSITORY; without it they are not shown)")
+    p_book.add_argument("--windows", type=Path, default=None, metavar="WINDOWS_JSON",
+                        help="the windows.json of `attn-companion windows`: the ledger then shows whether each model "
+                             "claim's verdict is stable across its K windows (default: one window, no such column)")
     p_run = sub.add_parser("run", help="execute one notebook with parameters")
     p_run.add_argument("notebook")
     p_run.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"))
@@ -142,6 +148,30 @@ def parser() -> argparse.ArgumentParser:
     p_sweep.add_argument("--force", action="store_true",
                          help="run again the combinations that already finished (default: skip them)")
     p_sweep.add_argument("--out", type=Path, default=Path("runs"), help="output folder (default runs/)")
+    p_windows = sub.add_parser(
+        "windows", help="the model chapters on K windows spread across the novel: each claim's verdict per window, "
+                        "whether it is stable, the spread of its numbers",
+        description="Execute the model chapters on K windows of the novel: window k starts at the first token of "
+                    "chapter c_k = 1 + floor(k * 365 / K) (chapters = [c_k, 365], offset 0), one Dask sweep per "
+                    "chapter into OUT/NOTEBOOK/ (finished runs are skipped). The synthetic checks, the same in every "
+                    "window, run at a tenth of their default sizes unless -p says otherwise. OUT/windows.json and "
+                    "windows.csv then give, per ledger claim, the verdict in each window, whether it is stable, and "
+                    "the median, min and max of each number; `attn-companion book --windows OUT/windows.json` shows "
+                    "them in the ledger.")
+    p_windows.add_argument("--windows", dest="k", type=int, default=windows.DEFAULT_K, metavar="K",
+                           help=f"number of windows (default {windows.DEFAULT_K}; at most the corpus's chapters)")
+    p_windows.add_argument("--notebooks", nargs="+", default=list(windows.MODEL_CHAPTERS), metavar="NOTEBOOK",
+                           help=f"the chapters to run (default {' '.join(windows.MODEL_CHAPTERS)}; also "
+                                f"{' '.join(windows.OPTIONAL_CHAPTERS)})")
+    p_windows.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"),
+                           help="a parameter for every chapter that has it (not chapters or offset, set per window)")
+    p_windows.add_argument("--workers", dest="workers", type=int, default=None, metavar="N",
+                           help="worker processes of the local cluster, one thread each (default min(2, cores))")
+    p_windows.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                           help="the address of a running Dask scheduler (tcp://HOST:8786) instead of a local cluster")
+    p_windows.add_argument("--force", action="store_true", help="run again the windows that already finished")
+    p_windows.add_argument("--out", type=Path, default=Path("runs") / "windows",
+                           help="output folder (default runs/windows)")
     p_params = sub.add_parser("params", help="list the notebooks' parameters, what they accept, the rules between them")
     p_params.add_argument("notebook", nargs="?")
     p_student = sub.add_parser("student", help="write an nbgrader course of the exercises: source/ with solutions "
@@ -175,11 +205,12 @@ def main(argv: list[str] | None = None) -> int:
 
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops like Ctrl-C
     try:
-        if args.command in ("book", "run", "sweep"):
+        if args.command in ("book", "run", "sweep", "windows"):
             _check_out(args.out)
         if args.command == "book":
             parameters = {**_params_line(args.params), **_parameters(args.parameter)}
-            result = build.build_book(parameters, out=args.out, repository=args.repository)
+            across = windows.load(args.windows) if args.windows is not None else None
+            result = build.build_book(parameters, out=args.out, repository=args.repository, windows=across)
             print(f"book written to {result.html / 'index.html'}")
         elif args.command == "run":
             src = build.resolve_notebook(args.notebook)
@@ -190,6 +221,11 @@ def main(argv: list[str] | None = None) -> int:
             index = sweep.sweep(src, _parameters(args.parameter, multi=True), args.out, workers=args.workers,
                                 scheduler=args.scheduler, force=args.force)
             print(f"sweep index: {index}\ntable: {index.parent / 'results.parquet'} (and results.csv)")
+        elif args.command == "windows":
+            path = windows.run_windows(args.k, args.out, notebooks=args.notebooks,
+                                       parameters=_parameters(args.parameter), workers=args.workers,
+                                       scheduler=args.scheduler, force=args.force)
+            print(f"windows: {path} (and windows.csv); build the book with it: attn-companion book --windows {path}")
         elif args.command == "student":
             if not args.exercises_only:  # notebooks of exercises only run no chapter code
                 _preflight_exercises(args.notebooks, _parameters(args.parameter))
@@ -208,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2 if isinstance(exc, ValueError) else 1
     except KeyboardInterrupt:
         kept = {"book": f"; the previous book in {args.out} is kept",
-                "sweep": f"; the finished runs in {args.out} are kept (a re-run skips them)"}.get(args.command, "")
+                "sweep": f"; the finished runs in {args.out} are kept (a re-run skips them)",
+                "windows": f"; the finished runs in {args.out} are kept (a re-run skips them)"}.get(args.command, "")
         print(f"\nattn-companion {args.command}: interrupted{kept}", file=sys.stderr)
         return 130
     finally:

@@ -127,10 +127,10 @@ figures.glue_figure("fig_ch4_two_logit", gradient.plot_two_logit(example))
 #   T, with the exact change and the first-order prediction as two lines under a dashed bound that rises and then
 #   levels off.
 # ---
-# **Two nearly identical logit vectors whose two largest entries swap** (synthetic, no model; $arepsilon=$
-# {glue:text}`ex_eps`). The exact change $\|lpha^{(1)}-lpha^{(2)}\|_2$ and its first-order prediction against
-# $arepsilon/T$, under the bound $\min\{\sqrt5\,arepsilon/(2T),\sqrt2\}$ (dashed). Look at the left part, where
-# both lines rise in step with $arepsilon/T$, and at the right end, where the prediction drops away while the
+# **Two nearly identical logit vectors whose two largest entries swap** (synthetic, no model; $\varepsilon=$
+# {glue:text}`ex_eps`). The exact change $\|\alpha^{(1)}-\alpha^{(2)}\|_2$ and its first-order prediction against
+# $\varepsilon/T$, under the bound $\min\{\sqrt5\,\varepsilon/(2T),\sqrt2\}$ (dashed). Look at the left part, where
+# both lines rise in step with $\varepsilon/T$, and at the right end, where the prediction drops away while the
 # change stops at $\sqrt2$.
 # ```
 #

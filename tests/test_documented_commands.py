@@ -20,7 +20,7 @@ import nbformat
 import pytest
 
 from attn_utils import cli
-from attn_utils.book import build, sweep
+from attn_utils.book import build, sweep, windows
 from attn_utils.classroom import exercises, grading, student
 from test_book import SMALL
 
@@ -98,6 +98,9 @@ def runs_of(command: Command) -> list[Run]:
     if args.command == "sweep":  # wherever its tasks run (--scheduler): here, the same runs
         combos = sweep.combinations(cli._parameters(args.parameter, multi=True))
         return [_run("notebook", build.resolve_notebook(args.notebook).stem, c) for c in combos]
+    if args.command == "windows":  # every window of every chapter, with the parameters the command gives them
+        *_, grids = windows.plan(args.k, args.notebooks, cli._parameters(args.parameter))
+        return [_run("notebook", nb, c) for nb, grid in grids.items() for c in sweep.combinations(grid)]
     if args.command == "student":  # the course's notebooks, run as nbgrader grades them
         stems = [build.resolve_notebook(n).stem for n in args.notebooks] or exercises.exercise_notebooks()
         return [_run("student copy", s, cli._parameters(args.parameter)) for s in stems]
@@ -114,8 +117,10 @@ def scaled(run: Run) -> Run:
 
 def executions(commands: list[Command]) -> dict[Run, list[str]]:
     """The distinct scaled runs of ``commands`` that the small build does not make, with the commands that make
-    them. To keep ``make test`` short, runs that differ only in ``seed`` count as one (the seed changes no code
-    path; the preflight above checks every documented value), and a course is graded on its first chapter."""
+    them. To keep ``make test`` short, runs that differ only in ``seed`` count as one, and so do runs that differ
+    only in the window (``chapters``, ``offset``: the windows of ``attn-companion windows``; tests/test_windows.py
+    executes one in the middle of the novel) (neither changes a code path; the preflight above checks every
+    documented value), and a course is graded on its first chapter."""
     small = {_run("notebook", nb.stem, SMALL) for nb in build.book_notebooks()}
     todo: dict[Run, list[str]] = {}
     for command in commands:
@@ -124,6 +129,9 @@ def executions(commands: list[Command]) -> dict[Run, list[str]]:
         for run in [r for r in runs if r.kind == "notebook"] + courses[:1]:
             run = _run(run.kind, run.notebook, {**run.values, "seed": SMALL.get("seed", 0)}) \
                 if run.kind == "notebook" and "seed" in run.values else run
+            if run.kind == "notebook" and {"chapters", "offset"} & set(run.values):  # the small build's window
+                run = _run(run.kind, run.notebook, {k: v for k, v in run.values.items()
+                                                    if k not in ("chapters", "offset")})
             if run not in small:
                 todo.setdefault(run, []).append(command.shown)
     return todo
@@ -161,16 +169,28 @@ def test_the_pages_show_the_commands_this_test_knows():
     for argv in [("book", "--params", "L=512 seed=1"), ("book", "--params", "model=gpt2 L=512 seed=3"),
                  ("run", "ch2_distance", "-p", "N", "10", "-p", "L", "512"),
                  ("sweep", "ch4_gradient", "-p", "logit_scale", "raw,model", "-p", "seed", "0,1", "--workers", "2"),
-                 ("sweep", "ch2_distance", "-p", "L", "256,512,1024", "--scheduler", "tcp://127.0.0.1:8786")]:
+                 ("sweep", "ch2_distance", "-p", "L", "256,512,1024", "--scheduler", "tcp://127.0.0.1:8786"),
+                 ("windows",), ("book", "--windows", "runs/windows/windows.json")]:
         assert argv in shown
     # the commands that start a Dask cluster by hand are shown, and are not read as attn-companion's
     rerun = code_lines((ROOT / "book" / "rerun.md").read_text())
     dask = [line for line in rerun if ".venv/bin/dask " in line]
     assert len(dask) == 2 and all(to_argv(line) is None for line in dask)
-    assert {a[0] for a in shown if a} >= {"book", "run", "sweep", "params", "student", "grade"}
+    assert {a[0] for a in shown if a} >= {"book", "run", "sweep", "windows", "params", "student", "grade"}
     for command in documented_commands():  # every one is a valid command line
         if command.argv:
             cli.parser().parse_args(command.argv)
+
+
+def test_the_windows_command_runs_each_chapter_on_each_window_and_executes_one_per_chapter():
+    command = Command("x", "", ("windows", "--windows", "3", "--notebooks", "ch1_vanishing", "ch2_distance"))
+    runs = runs_of(command)
+    assert [(r.notebook, r.values["chapters"]) for r in runs] == [
+        (nb, [c, 365]) for nb in ("ch1_vanishing", "ch2_distance") for c in (1, 122, 244)]
+    assert all(r.values.get("n_trials") == windows.SHORT_SYNTHETIC[r.notebook]["n_trials"] for r in runs)
+    todo = executions([command])  # one window per chapter; ch1's is the small build's (n_trials 20 either way)
+    assert list(todo) == [_run("notebook", "ch2_distance", {**SMALL, **windows.SHORT_SYNTHETIC["ch2_distance"],
+                                                            **SCALED})]
 
 
 def test_runs_are_scaled_and_deduplicated():

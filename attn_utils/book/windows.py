@@ -77,8 +77,19 @@ def window_runs(notebooks: list[str], parameters: dict[str, Any], starts: list[i
                  **{k: v for k, v in parameters.items() if k in declared[nb]}} for nb in notebooks}
 
 
-def _grid(common: dict[str, Any], starts: list[int], n_chapters: int) -> dict[str, list[Any]]:
-    return {**{k: [v] for k, v in common.items()}, "chapters": [[c, n_chapters] for c in starts], "offset": [0]}
+def plan(k: int, notebooks: list[str], parameters: dict[str, Any]):
+    """What :func:`run_windows` will run, checked (nothing is executed; the preflight is not run here): the corpus,
+    the windows' first chapters, each notebook's common parameters (:func:`window_runs`) and its sweep grid (those,
+    ``chapters = [c_k, n]`` for each window and ``offset = 0``)."""
+    from attn_utils.models.corpus import load_text
+
+    corpus = parameters.get("corpus", "war-and-peace")
+    text = load_text(None if corpus == "war-and-peace" else corpus)
+    starts = choose_windows(k, text.n_chapters)
+    common = window_runs(notebooks, parameters, starts, text.n_chapters)
+    grids = {nb: {**{name: [v] for name, v in common[nb].items()},
+                  "chapters": [[c, text.n_chapters] for c in starts], "offset": [0]} for nb in notebooks}
+    return text, starts, common, grids
 
 
 def headline(key: str, values: dict[str, Any]) -> str | None:
@@ -146,20 +157,13 @@ def run_windows(k: int = DEFAULT_K, out: Path = Path("runs/windows"), *, noteboo
     ``out/windows.csv`` and return the JSON's path. Every run passes the preflight before any executes. A failed
     run leaves its window out of its claims (``stable`` is then false) and raises
     :class:`~attn_utils.book.build.NotebookFailed` after the result is written."""
-    from attn_utils.models.corpus import load_text
-
     notebooks = list(notebooks or MODEL_CHAPTERS)
-    parameters = dict(parameters or {})
     if workers is not None and scheduler is not None:
         raise ValueError(f"--workers sizes the local cluster; the cluster of --scheduler {scheduler} has its own "
                          "workers")
     if workers is not None and workers < 1:
         raise ValueError(f"--workers must be an integer >= 1, got {workers}")
-    corpus = parameters.get("corpus", "war-and-peace")
-    text = load_text(None if corpus == "war-and-peace" else corpus)
-    starts = choose_windows(k, text.n_chapters)
-    common = window_runs(notebooks, parameters, starts, text.n_chapters)
-    grids = {nb: _grid(common[nb], starts, text.n_chapters) for nb in notebooks}
+    text, starts, common, grids = plan(k, notebooks, dict(parameters or {}))
     sources = {nb: build.resolve_notebook(nb) for nb in notebooks}
     build.preflight([(sources[nb], combo) for nb in notebooks for combo in sweep.combinations(grids[nb])])
     failures = []
