@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import mpmath
 import numpy as np
 import pandas as pd
 import torch
@@ -107,15 +108,33 @@ def min_pairwise_distance(x):
 
 
 def softmax(l, vis, T):
+    """In the dtype of l (np.longdouble for an extended-precision reference)."""
     z = np.array([l[i] / T for i in range(len(l)) if vis[i]])
     e = np.exp(z - z.max())
-    out = np.zeros(len(l))
+    out = np.zeros(len(l), dtype=np.result_type(l, 1.0))
     out[np.flatnonzero(vis)] = e / e.sum()
     return out
 
 
 def fd_gradient(l, v, vis, T, eps):
     return np.linalg.norm(softmax(l + eps * v, vis, T) - softmax(l, vis, T)) / eps
+
+
+def fd_gradient_mp(l, v, vis, T, eps, digits=60):
+    """fd_gradient in mpmath with ``digits`` significant digits: no cancellation worth the name, a reference for
+    rows whose two softmaxes agree to many digits."""
+    with mpmath.workdps(digits):
+        keys = [i for i in range(len(l)) if vis[i]]
+
+        def soft(shift):
+            z = [(mpmath.mpf(float(l[i])) + shift * mpmath.mpf(float(v[i]))) / mpmath.mpf(T) for i in keys]
+            top = max(z)
+            e = [mpmath.exp(a - top) for a in z]
+            total = mpmath.fsum(e)
+            return [a / total for a in e]
+
+        moved, base = soft(mpmath.mpf(eps)), soft(0)
+        return float(mpmath.sqrt(mpmath.fsum((a - b) ** 2 for a, b in zip(moved, base))) / mpmath.mpf(eps))
 
 
 def entropy(w):
@@ -129,14 +148,18 @@ def causal(L):
     return np.tril(np.ones((L, L), dtype=bool))
 
 
-def _head_rows(weights, x, layer, head, L):
-    """The leading L x L causal block of one head; row t is cut to its t + 1 visible keys."""
+def _head_rows(weights, x, layer, head, L, mask=None):
+    """The leading L x L block of one head; row t is cut to its visible keys (the first t + 1 with the causal
+    mask; ``mask`` (L_all, L_all) otherwise, the row then divided by its sum)."""
     w, xs = np.asarray(weights, dtype=float)[layer, head, :L, :L], np.asarray(x, dtype=float)[layer, head, :L]
-    return [(t, w[t, : t + 1], xs[: t + 1]) for t in range(L)]
+    if mask is None:
+        return [(t, w[t, : t + 1], xs[: t + 1]) for t in range(L)]
+    keys = [np.flatnonzero(np.asarray(mask)[t, :L]) for t in range(L)]
+    return [(t, w[t, k] / w[t, k].sum(), xs[k]) for t, k in enumerate(keys)]
 
 
-def distance_table(weights, x, pairs, reading="sum_of_norms", with_bound=True):
-    """Algorithms 1-3: per (L, N, layer, head) the means over rows with t + 1 > N keys of d-tilde, of
+def distance_table(weights, x, pairs, reading="sum_of_norms", with_bound=True, mask=None):
+    """Algorithms 1-3: per (L, N, layer, head) the means over rows with more than N visible keys of d-tilde, of
     Theorem 1's main sum and (optionally) of its fixed-set bound, one row at a time."""
     layers, heads = np.asarray(weights).shape[:2]
     records = []
@@ -144,10 +167,10 @@ def distance_table(weights, x, pairs, reading="sum_of_norms", with_bound=True):
         for layer in range(layers):
             for head in range(heads):
                 d, e, b = [], [], []
-                for t, w, xs in _head_rows(weights, x, layer, head, L):
-                    if t + 1 <= N:
+                for t, w, xs in _head_rows(weights, x, layer, head, L, mask):
+                    if len(w) <= N:
                         continue
-                    vis = np.ones(t + 1, dtype=bool)
+                    vis = np.ones(len(w), dtype=bool)
                     selected = top_n(w, vis, N)
                     d.append(cumulative_distance(w, xs, selected, vis, reading))
                     e.append(main_sum(w, xs, N, vis))

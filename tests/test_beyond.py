@@ -516,3 +516,16 @@ def test_bad_input():
         lenses.coverage(sel, sep, torch.ones(5, dtype=torch.bool), 2)
     with pytest.raises(ValueError, match="x must be"):
         lenses.separated_keys(l.softmax(-1), torch.randn(5, 3, dtype=F64), 1)
+
+
+def test_geometry_in_small_row_blocks_is_the_same(monkeypatch):
+    """Blocks of a few rows cut the keys at each block's last visible key; the top-N keys of a row that sees at
+    most N keys then reach beyond its block (they are clamped, the row is invalid): the same numbers."""
+    w, x, mask = causal_heads(23, name="sparsemax", L=30)
+    whole = lenses.geometry(w, x, [1, 4, 9], mask)
+    monkeypatch.setattr(metrics, "_BLOCK_ELEMENTS", 2 * w.shape[0] * w.shape[1] * 30)
+    assert len(list(metrics._row_blocks(mask.expand(w.shape)))) > 5
+    for N, g in lenses.geometry(w, x, [1, 4, 9], mask).items():
+        close(g.distance, whole[N].distance, rtol=1e-13, atol=0)
+        close(g.separability, whole[N].separability, rtol=0, atol=0)
+        assert torch.equal(g.separated, whole[N].separated) and torch.equal(g.valid, whole[N].valid)

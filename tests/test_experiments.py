@@ -7,7 +7,7 @@ import pytest
 import reference as ref
 import torch
 from scipy.stats import ks_2samp
-from test_metrics import HEADS, LAYERS, L, causal_attention
+from test_metrics import HEADS, LAYERS, L, causal_attention, close
 
 from attn_utils.mathematics import algorithms, metrics, theory
 
@@ -268,3 +268,158 @@ def test_bad_rows_per_octave(data, per_octave):
     w, x, _, _ = data
     with pytest.raises(ValueError, match="rows_per_octave"):
         algorithms.distance_vs_n(w, x, Ns=(2,), rows_per_octave=per_octave, progress=False)
+
+
+# --- the fast paths: shared rows, ties, the bound's lists, threads, Algorithm 5's identity -----------------
+
+
+def tied_attention(seed, layers=2, heads=3, L=24, d=8):
+    """Causal softmax attention of integer logits in {0, 1, 2}: many exactly equal weights in every row."""
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.ones(L, L, dtype=torch.bool).tril()
+    logits = torch.randint(0, 3, (layers, heads, L, L), generator=g).to(torch.float64)
+    weights = torch.softmax(logits.masked_fill(~mask, -torch.inf), -1)
+    return weights, torch.randn(layers, heads, L, d, generator=g, dtype=torch.float64)
+
+
+def test_tied_weights_match_the_reference():
+    """Ties straddling the top-N threshold: the lowest indices are kept, as the loop reference does."""
+    w, x = tied_attention(5)
+    Ns = (1, 2, 3, 5, 8, 13)
+    got = algorithms.distance_vs_n(w, x, Ns=Ns, progress=False)
+    same(got, ref.distance_table(w, x, [(L, n) for n in Ns]), ["distance", "expectation", "bound"])
+    got = algorithms.separability_vs_n(w, x, Ns=Ns, progress=False)
+    same(got, ref.separability_table(w, x, Ns), ["separability", "lower", "upper", "delta"])
+    result = algorithms.critical_n(w, x, LENGTHS, (1, 3, 5, 7), alpha=0.01, progress=False)
+    want_tests, want_summary = ref.critical_n(w, x, LENGTHS, (1, 3, 5, 7), 0.01)
+    same(result.tests, want_tests, ["statistic", "pvalue"])
+    assert result.summary["critical_n"].tolist() == want_summary["critical_n"].tolist()
+
+
+def test_a_mask_that_shows_keys_beyond_a_length_is_computed_per_length(data):
+    """With every key visible, row t of the 8-key block sees 8 keys and row t of the whole window L: the lengths
+    cannot share their rows (the weights beyond t are 0, so the blocks still sum to one)."""
+    w, x, _, _ = data
+    full = torch.ones(L, L, dtype=torch.bool)
+    got = algorithms.distance_vs_length(w, x, N=3, lengths=LENGTHS, mask=full, progress=False)
+    same(got, ref.distance_table(w, x, [(n, 3) for n in LENGTHS], mask=full.numpy()),
+         ["distance", "expectation", "bound"])
+    causal = algorithms.distance_vs_length(w, x, N=3, lengths=LENGTHS, progress=False)
+    assert not np.allclose(got["distance"], causal["distance"])  # the zero-weight keys count as outside keys
+
+
+def test_fixed_bound_when_the_farthest_keys_are_selected():
+    """The largest weights sit on the keys farthest from every other key, so the first entries of the farthest-key
+    lists are selected keys: the bound needs the lists' later entries and the direct computation."""
+    g = torch.Generator().manual_seed(2)
+    L_, d = 40, 4
+    x = torch.randn(1, 2, L_, d, generator=g, dtype=torch.float64)
+    x[..., :6, :] *= 50  # six far-away keys ...
+    logits = torch.randn(1, 2, L_, L_, generator=g, dtype=torch.float64)
+    logits[..., :6] += 6  # ... carry the largest weights
+    mask = torch.ones(L_, L_, dtype=torch.bool).tril()
+    w = torch.softmax(logits.masked_fill(~mask, -torch.inf), -1)
+    got = algorithms.distance_vs_n(w, x, Ns=(1, 3, 6, 9), progress=False)
+    same(got, ref.distance_table(w, x, [(L_, n) for n in (1, 3, 6, 9)]), ["distance", "expectation", "bound"])
+
+
+@pytest.mark.parametrize("call", [
+    lambda w, x, l: algorithms.critical_n(w, x, LENGTHS, (1, 4, 9), progress=False).tests,
+    lambda w, x, l: algorithms.distance_vs_length(w, x, N=2, lengths=LENGTHS, rows_per_octave=3, progress=False),
+    lambda w, x, l: algorithms.separability_vs_n(w, x, Ns=(1, 5), progress=False),
+    lambda w, x, l: algorithms.gradient_sensitivity(l, (0.01, 1.0), (1e-3, 10.0), seed=2, progress=False).heads,
+])
+def test_layers_on_threads_give_the_same_numbers(data, call):
+    """The layers spread over torch's threads (each computing with one): the same numbers, in the same order, as
+    one layer after another; torch's thread count is restored, and Algorithm 5 draws its directions in layer
+    order either way."""
+    w, x, _, logits = data
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = call(w, x, logits)
+        torch.set_num_threads(2)
+        two = call(w, x, logits)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+    pd.testing.assert_frame_equal(one, two)
+
+
+def test_gradient_sensitivity_is_accurate_against_extended_precision():
+    """Algorithm 5 against the loop formula in 60-digit arithmetic (mpmath): every (T, eps), including the small
+    eps / T where subtracting two float64 softmaxes loses digits and the rows so close to one-hot that g is
+    1e-14, to 1e-12 relative (and 0 where the true g is below 1e-150: the squares of its entries underflow in
+    float64, for the direct difference as well)."""
+    g = torch.Generator().manual_seed(7)
+    L_ = 10
+    mask = torch.ones(L_, L_, dtype=torch.bool).tril()
+    logits = 30 * torch.randn(1, 2, L_, L_, generator=g, dtype=torch.float64)
+    Ts, epsilons = (1e-3, 0.05, 1.0, 1000.0), (1e-3, 0.1, 10.0)
+    got = algorithms.gradient_sensitivity(logits, Ts, epsilons, seed=3, progress=False).heads
+    v = metrics.random_directions(mask.expand(2, L_, L_), torch.Generator().manual_seed(3))
+    for row in got.itertuples():
+        want = np.mean([ref.fd_gradient_mp(logits[0, row.head, t], v[row.head, t], mask[t], row.T, row.eps)
+                        for t in range(L_)])
+        assert abs(row.g - want) <= 1e-12 * want + 1e-150, (row.T, row.eps, row.g, want)
+
+
+@pytest.mark.parametrize("c", [1e-6, 3.3e-5, 1e-3, 9.9e-3, 1e-2, 0.5, 20.0])
+def test_expm1_of_algorithm_5(c):
+    """e^y - 1 for |y| <= c: the Taylor polynomial below 1e-2 to about one ulp, exp(y) - 1 above to about 1e-16
+    absolute."""
+    y = (2 * torch.rand(10000, generator=torch.Generator().manual_seed(1), dtype=torch.float64) - 1) * c
+    got, want = metrics._expm1(y.clone(), c), torch.expm1(y)
+    if c < metrics._EXPM1:
+        close(got, want, rtol=3e-16, atol=0)
+    else:
+        close(got, want, rtol=3e-16, atol=3e-16)
+
+
+def test_small_row_blocks_give_the_same_numbers(data, monkeypatch):
+    """The block sizes only cut the work: blocks of two rows give the numbers of the default blocks."""
+    w, x, _, logits = data
+    calls = {
+        "distance": lambda: algorithms.distance_vs_n(w, x, Ns=(1, 5, 20), progress=False),
+        "critical": lambda: algorithms.critical_n(w, x, LENGTHS, (1, 4, 9), progress=False).tests,
+        "separability": lambda: algorithms.separability_vs_n(w, x, Ns=(1, 5), progress=False),
+        "gradient": lambda: algorithms.gradient_sensitivity(logits, (0.01, 1.0), (1e-3, 10.0), progress=False).heads,
+    }
+    whole = {name: call() for name, call in calls.items()}
+    block = 2 * HEADS * L
+    for module, name in ((algorithms, "_DISTANCE_BLOCK"), (metrics, "_GRADIENT_BLOCK"), (metrics, "_BLOCK_ELEMENTS")):
+        monkeypatch.setattr(module, name, block)
+    for name, call in calls.items():
+        got = call()
+        numeric = [c for c in got.columns if c not in ("layer", "head", "L", "N", "T", "eps", "reject")]
+        same(got, whole[name], numeric, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("per_octave", [None, 2])
+def test_theorem1_row_check_matches_the_loop(data, per_octave):
+    """Every checked row, its violations and the largest d / bound, against the loop reference row by row."""
+    w, x, _, _ = data
+    Ns, tol = (1, 3, 7), 1e-9
+    got = algorithms.theorem1_row_check(w, x, Ns, tol=tol, progress=False, rows_per_octave=per_octave)
+    rows = algorithms.sample_rows(L, per_octave)[0]
+    checked, violations, ratios = 0, 0, []
+    for layer, head, N in np.ndindex(LAYERS, HEADS, len(Ns)):
+        for t, row, xs in ref._head_rows(w, x, layer, head, L):
+            if t not in rows or len(row) <= Ns[N]:
+                continue
+            vis, sel = np.ones(len(row), dtype=bool), ref.top_n(row, np.ones(len(row), dtype=bool), Ns[N])
+            d, bound = ref.cumulative_distance(row, xs, sel, vis), ref.fixed_bound(row, xs, sel, vis)
+            checked += 1
+            violations += d > bound * (1 + tol) + tol
+            if bound > 0:
+                ratios.append(d / bound)
+    assert got["checked"] == checked and got["violations"] == violations == 0
+    close(got["largest_ratio"], max(ratios), rtol=1e-10)
+
+
+def test_theorem1_row_check_bad_input(data):
+    w, x, _, _ = data
+    with pytest.raises(ValueError, match="tol"):
+        algorithms.theorem1_row_check(w, x, (2,), tol=-1.0)
+    with pytest.raises(ValueError, match="Ns"):
+        algorithms.theorem1_row_check(w, x, (L,))

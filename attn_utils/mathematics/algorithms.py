@@ -21,6 +21,8 @@ the paper does; so does any K at least as large as the last octave (L / 2 rows).
 """
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import numpy as np
@@ -31,7 +33,7 @@ from tqdm.auto import tqdm
 
 from attn_utils.mathematics import metrics, theory
 from attn_utils.mathematics.normalizers import causal_mask
-from attn_utils.mathematics.rows import Rows
+from attn_utils.mathematics.rows import Rows, unit_scale
 from attn_utils.mathematics.validation import as_tensor, check_choice, check_int, check_positive
 
 __all__ = [
@@ -42,6 +44,7 @@ __all__ = [
     "distance_vs_n",
     "gradient_sensitivity",
     "separability_vs_n",
+    "theorem1_row_check",
 ]
 
 
@@ -57,6 +60,11 @@ class GradientSensitivity(NamedTuple):
 
     heads: pd.DataFrame
     summary: pd.DataFrame
+
+
+# Rows of a block of ``_distance_rows`` x their keys, summed over heads: small enough for the temporaries to stay
+# in the processor's cache (4 MB each), large enough that the per-block work of Python stays small.
+_DISTANCE_BLOCK = 1 << 19
 
 
 # --- input handling ---------------------------------------------------------------------------------
@@ -104,17 +112,48 @@ def _grid(name: str, values, low: int, high: int) -> list[int]:
     return sorted(set(values))
 
 
-def _layer(weights: torch.Tensor, x: torch.Tensor, layer: int, L: int, rows=None,
-           renormalize: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Layer ``layer`` cut to its leading L keys and rows (or to the query rows ``rows``), in float64,
-    validated; with ``renormalize`` every row is divided by its sum (in float64, after the check)."""
-    block = weights[layer, :, :L, :L] if rows is None else weights[layer, :, torch.as_tensor(rows), :L]
-    checked = Rows.of(block, x[layer, :, :L])  # validated once per layer, in float64
-    w = checked.weights
+def _layer(weights: torch.Tensor, x: torch.Tensor, visible: torch.Tensor, layer: int, L: int, rows=None,
+           renormalize: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Layer ``layer`` cut to its leading L keys and rows (or to the query rows ``rows``), in float64, validated
+    (rows summing to one); x cut to L keys; ``visible`` (the layer's (heads, L_all, L_all) mask) cut the same way.
+    With ``renormalize`` the weights of masked keys are set to 0 and every row is divided by its sum (in float64,
+    after the check)."""
+    rows = slice(None, L) if rows is None else rows
+    checked = Rows.of(weights[layer, :, rows, :L], x[layer, :, :L])  # validated once per layer, in float64
+    w, vis = checked.weights, visible[:, rows, :L]
     if renormalize:
+        w = torch.where(vis, w, 0.0)
         total = w.sum(-1, keepdim=True)
         w = w / torch.where(total > 0, total, 1.0)
-    return w, checked.x
+    return w, checked.x, vis
+
+
+def _each_layer(fn, n_layers: int, desc: str, progress: bool) -> list:
+    """[fn(layer) for every layer], the layers spread over torch.get_num_threads() threads that each compute with
+    one torch thread: the layers are independent, and whole layers in parallel keep every core busy where the
+    threads of one operation would wait for each other (and spin against the other processes of a shared machine).
+    torch's thread count is restored afterwards."""
+    threads = torch.get_num_threads()
+    workers = min(threads, n_layers)
+    bar = tqdm(total=n_layers, desc=desc, disable=not progress)
+
+    def run(layer: int):
+        result = fn(layer)
+        bar.update()
+        return result
+
+    if workers <= 1:
+        try:
+            return [run(layer) for layer in range(n_layers)]
+        finally:
+            bar.close()
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(workers) as pool:
+            return list(pool.map(run, range(n_layers)))
+    finally:
+        torch.set_num_threads(threads)
+        bar.close()
 
 
 def _frame(layer: int, grid: dict, values: dict) -> dict[str, np.ndarray]:
@@ -155,78 +194,168 @@ class _RowMeans:
 # --- Algorithms 1-3: distances ------------------------------------------------------------------------
 
 
-def _sampled_blocks(visible: torch.Tensor, rows: np.ndarray):
-    """Like ``metrics._row_blocks`` for the sampled query rows ``rows`` (0-based positions, increasing) of
-    ``visible`` (heads, R, L), R = len(rows): ``(positions, k)`` octave by octave (``octave_blocks``), split
-    so that a block's temporaries hold about as many numbers as a block of ``metrics._row_blocks``."""
-    heads, _, L = visible.shape
-    for positions, _ in octave_blocks(rows):
-        seen = visible[:, torch.as_tensor(positions)].reshape(-1, L).any(0).nonzero()
-        k = int(seen[-1]) + 1 if len(seen) else 1
-        step = max(1, metrics._BLOCK_ELEMENTS // max(1, heads * k))
-        for a in range(0, len(positions), step):
-            yield torch.as_tensor(positions[a : a + step]), k
+def _distance_rows(w, xs, visible, need: dict, reading: str, farthest=None, expectation: bool = True) -> dict:
+    """Per-row quantities of Algorithms 1-3 for one layer: w (heads, R, L) (zero at masked keys), xs (heads, L, d),
+    visible (heads, R, L); ``need`` = {N: (R,) bool numpy array, the rows wanted at that N}. For each N: d-tilde
+    (``reading``), the main sum E of Theorem 1 and, when ``farthest`` (``theory.farthest_keys(xs)``) is given, the
+    fixed-set bound (E is left out without ``expectation``). Returns {N: ({name: (heads, R)}, valid)}, valid
+    (heads, R) = wanted and L_r > N (the other entries are 0).
 
-
-def _distance_means(w, xs, visible, Ns, reading, farthest, sample=None) -> dict[int, dict[str, torch.Tensor]]:
-    """For each N of Ns: per-head means over valid rows of d-tilde, the main sum E of Theorem 1 and
-    (when ``farthest``, the lists of ``theory.farthest_keys(xs)``, are given) the fixed-set bound of
-    Theorem 1, for one layer (heads, R, L). The N-independent work is done once per block of rows.
-    ``sample = (rows, weight)`` (``sample_rows``): w and visible hold only those query rows, and the means
-    are weighted by ``weight``."""
-    names = ("distance", "expectation") if farthest is None else ("distance", "expectation", "bound")
-    acc = {N: _RowMeans(w.shape[0], names) for N in Ns}
-    selected_all = {N: torch.zeros_like(visible) for N in Ns} if farthest is not None else {}
-    valid_all = {N: torch.zeros(visible.shape[:-1], dtype=torch.bool) for N in Ns}
-    if sample is None:
-        blocks, weight = metrics._row_blocks(visible), None
-    else:
-        blocks, weight = _sampled_blocks(visible, sample[0]), torch.as_tensor(sample[1], dtype=torch.float64)
-    for rows, k in blocks:
-        live = [N for N in Ns if N < k]  # the others: every row of the block sees <= N keys
+    Per block of rows, once: the keys in decreasing order of weight (numpy's sort) and the terms of E. At each N,
+    in increasing order: the context vectors, by adding to those of the previous N the keys ranked between
+    (``embedding_bag``: a weighted sum of N keys costs N, not L, vector additions), and the other quantities on
+    the block's rows from the first one that is wanted and sees more than N keys to the last wanted one."""
+    heads, R, L = w.shape
+    names = ("distance",) + (("expectation",) if expectation else ()) + (("bound",) if farthest is not None else ())
+    out = {N: ({n: w.new_zeros(heads, R) for n in names}, torch.zeros(heads, R, dtype=torch.bool)) for N in need}
+    lengths = visible.sum(-1, keepdim=True)  # (heads, R, 1)
+    longest_row = lengths.amax(0).squeeze(-1).numpy()  # (R,): the most keys any head's row sees
+    x2 = xs.square().sum(-1).unsqueeze(-2)
+    longest = x2.amax(-1, keepdim=True).sqrt()  # (heads, 1, 1): the largest norm
+    if farthest is not None:
+        xu, unit = unit_scale(xs)  # the bound is computed on x / c per head (see theory.theorem1_fixed_bound)
+        norms = xu.norm(dim=-1)
+    for rows, k in metrics._row_blocks(visible, _DISTANCE_BLOCK):
+        wanted = {N: need[N][rows] & (longest_row[rows] > N) for N in need if N < k}
+        live = sorted(N for N, keep in wanted.items() if keep.any())
         if not live:
             continue
-        wb, vb, xb = w[:, rows, :k], visible[:, rows, :k], xs[:, :k]
-        wt = None if weight is None else weight[rows]
-        _, xm, sq, mm = theory._mean_vector_terms(wb, xb)
-        for N, (selected, valid) in zip(live, metrics._top_ns(wb, vb, live)):
-            valid_all[N][:, rows] = valid
+        wb, vb, xb, lb = w[:, rows, :k], visible[:, rows, :k], xs[:, :k], lengths[:, rows]
+        r = wb.shape[1]
+        scores = wb.masked_fill(~vb, -torch.inf)
+        ranked, order = metrics._ranked(scores, live[-1] + 1)
+        hidden = int(vb.all(0).all(0).logical_not().nonzero()[0]) if not vb.all() else k  # keys before: all visible
+        if expectation:
+            wsq, wxm, mm = theory._main_sum_terms(wb, xb, x2[..., :k])
+        else:
+            wsq = wb * wb * x2[..., :k]
+        context, done = wb.new_zeros(heads, r, xs.shape[-1]), 0  # sum of the keys ranked < done
+        for N in live:
+            band = order[..., done:N]
+            context += metrics._weighted_sum(xs, band, wb.gather(-1, band))  # xs: contiguous, no copy
+            done = N
+            at = np.flatnonzero(wanted[N])
+            rs = slice(int(at[0]), int(at[-1]) + 1)  # block rows rs.start.. are rows rows.start + rs.start..
+            sw, sv, sl = wb[:, rs], vb[:, rs], lb[:, rs]
+            valid = (sl.squeeze(-1) > N) & torch.from_numpy(need[N][rows][rs])
+            top, s = _top_set(scores[:, rs], ranked[:, rs], order[:, rs], context[:, rs], sw, xb, valid, N)
+            sel, keys = None, top
+            if farthest is not None or reading != "sum_of_norms" or 8 * N > k:  # the set as a mask
+                sel = torch.zeros_like(sv).scatter_(-1, top, True)
+                top = None
+            if reading == "sum_of_norms":  # alpha_i <= the N-th largest weight outside the set
+                dist = metrics._distance_sum(sw, xb, sv, sel, top, wsq[:, rs], ranked[:, rs, N - 1 : N] * longest, s,
+                                             hidden)
+            else:
+                dist = metrics._distance_norm(sw, xb, sel, sv & ~sel)
+            values = {"distance": dist}
+            if expectation:
+                values["expectation"] = theory._main_sum(wsq[:, rs], wxm[:, rs], mm[:, rs], sv, sl, N, hidden)
             if farthest is not None:
-                selected_all[N][:, rows, :k] = selected
-            acc[N].add("distance", metrics._cumulative_distance(wb, xb, selected, vb, reading), valid, wt)
-            acc[N].add("expectation", theory._main_sum(wb, vb, xm, sq, mm, N), valid, wt)
-    for N, selected in selected_all.items():
-        if valid_all[N].any():
-            # rows that see <= N keys are left out of the means; select their visible keys so the call is valid
-            selected |= visible & ~valid_all[N].unsqueeze(-1)
-            acc[N].add("bound", theory.theorem1_fixed_bound(w, xs, selected, visible, farthest=farthest),
-                       valid_all[N], weight)
-    return {N: a.means() for N, a in acc.items()}
+                values["bound"] = _fixed_bound(sw, sel, sv & ~sel, valid, keys, ranked[:, rs], N, xu, unit, norms,
+                                               farthest)
+            target = slice(rows.start + rs.start, rows.start + rs.stop)
+            table, ok = out[N]
+            for name, value in values.items():
+                table[name][:, target] = torch.where(valid, value, 0.0)
+            ok[:, target] = valid
+    return out
+
+
+def _top_set(scores, ranked, order, context, w, x, valid, N: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top-N set of each row of a block (heads, r, k) as its keys (heads, r, N), and its context vectors: the
+    first N keys of ``order`` (the keys by decreasing score, ``ranked`` their scores) and ``context`` (their
+    weighted sum of x), except on the valid rows where a tie straddles the threshold (``metrics._tied``): there
+    the lowest indices among the tied keys (``metrics._select``), summed directly."""
+    top, s = order[..., :N], context
+    tied = metrics._tied(ranked, valid, N)
+    if tied.any():
+        sel = metrics._select(scores[tied], ranked[tied], valid[tied], N)[0]
+        top, s = top.clone(), s.clone()
+        top[tied] = theory._compact(sel, N)[0]
+        s[tied] = (torch.where(sel, w[tied], 0.0).unsqueeze(-2) @ x[tied.nonzero()[:, 0]]).squeeze(-2)
+    return top, s
+
+
+def _fixed_bound(w, sel, outside, valid, keys, ranked, N: int, xu, unit, norms, farthest) -> torch.Tensor:
+    """Theorem 1's fixed-set bound (``theory.theorem1_fixed_bound``) of the valid rows of a block of top-N sets:
+    w, sel, outside (heads, r, k); ``keys`` (heads, r, N) the sets' keys; ``ranked`` (heads, r, >= N) each row's
+    largest weights, in decreasing order;
+    xu (heads, L, d) the vectors divided by their powers of two ``unit`` (heads,), ``norms`` their norms (heads, L);
+    ``farthest`` the lists of xs. 0 on the other rows."""
+    b, r = valid.nonzero(as_tuple=True)
+    idx = keys[b, r]  # (P, N)
+    unsel = outside[b, r]
+    d1 = theory._sqrt0(theory._max_cross_sq_distance(xu, farthest, unit, b, idx, torch.ones_like(idx, dtype=torch.bool),
+                                                     unsel))
+    abar = ranked[b, r, :N].sum(-1)
+    rest = torch.where(unsel, w[b, r], 0.0).sum(-1)
+    m_sel = norms[b].gather(-1, idx).amax(-1)
+    bound = w.new_zeros(valid.shape)
+    bound[b, r] = (rest * d1 + m_sel * (abar * unsel.sum(-1) - rest)) * unit[b]
+    return bound
+
+
+def _row_weights(pairs, samples, union: np.ndarray) -> dict:
+    """For each (L, N) of ``pairs``: the weight (R,) of each row of ``union`` in the head means at L (the rows of
+    ``samples[L]`` with their weights, 0 elsewhere)."""
+    out = {}
+    for L, N in pairs:
+        rows, weight = samples[L]
+        full = np.zeros(len(union))
+        full[np.searchsorted(union, rows)] = weight
+        out[L, N] = torch.as_tensor(full)
+    return out
 
 
 def _distance_table(weights, x, pairs, mask, reading, with_bound, progress, desc, rows_per_octave) -> pd.DataFrame:
+    """Algorithms 1-3: per (L, N) of ``pairs`` and per head, the means over the valid rows of length L (every row,
+    or the rows of ``sample_rows(L, rows_per_octave)`` weighted) of d-tilde, E and (``with_bound``) the bound.
+
+    Row t of the leading L x L block equals row t of the whole window cut to L keys whenever it sees no key >= L
+    (always with the causal mask): then every length reads the same per-row values, computed once per N over the
+    rows that some length needs. Otherwise (a mask that shows row t a key >= L) each length is computed apart."""
     check_choice("reading", reading, metrics.READINGS)
     if rows_per_octave is not None:
         rows_per_octave = check_int("rows_per_octave", rows_per_octave, low=1)
     visible_all = _mask(mask, weights)
     lengths = sorted({L for L, _ in pairs})
-    samples = {L: sample_rows(L, rows_per_octave) for L in lengths} if rows_per_octave is not None else {}
-    union = np.unique(np.concatenate([r for r, _ in samples.values()])) if samples else None
-    frames = []
-    for layer in tqdm(range(weights.shape[0]), desc=desc, disable=not progress):
-        w, xs = _layer(weights, x, layer, lengths[-1], rows=union, renormalize=True)
+    samples = {L: sample_rows(L, rows_per_octave) for L in lengths}
+    union = np.unique(np.concatenate([r for r, _ in samples.values()]))
+    at = torch.as_tensor(union)
+    row_weight = _row_weights(pairs, samples, union)
+    # whether any row t of some length L sees a key >= L (then that length's rows differ from the full window's)
+    beyond = torch.zeros(len(union), lengths[-1], dtype=torch.bool)
+    for L in lengths:
+        beyond[union < L, L:] = True
+
+    def layer_frames(layer: int) -> list[dict]:
+        w, xs, visible = _layer(weights, x, visible_all[layer], layer, lengths[-1], at)
         farthest = theory.farthest_keys(xs, prefixes=lengths) if with_bound else None
-        for L in lengths:
-            Ns = sorted(N for L_, N in pairs if L_ == L)
-            far = farthest.prefix(L) if with_bound else None
-            if samples:
-                rows, weight = samples[L]
-                at = torch.as_tensor(np.searchsorted(union, rows))
-                visible = visible_all[layer][:, torch.as_tensor(rows), :L]
-                means = _distance_means(w[:, at, :L], xs[:, :L], visible, Ns, reading, far, (rows, weight))
-            else:
-                means = _distance_means(w[:, :L, :L], xs[:, :L], visible_all[layer, :, :L, :L], Ns, reading, far)
-            frames += [_frame(layer, {"L": L, "N": N}, means[N]) for N in Ns]
+        if not (visible & beyond).any():
+            groups = [(pairs, w, xs, visible, farthest)]
+        else:
+            groups = []
+            for L in lengths:
+                wl, xl, vl = _layer(weights, x, visible_all[layer], layer, L, at[union < L])
+                wl = torch.cat([wl, wl.new_zeros(wl.shape[0], len(union) - wl.shape[1], L)], 1)
+                vl = torch.cat([vl, vl.new_zeros(vl.shape[0], len(union) - vl.shape[1], L)], 1)
+                groups.append(([(L_, N) for L_, N in pairs if L_ == L], wl, xl, vl,
+                               farthest.prefix(L) if with_bound else None))
+        frames = []
+        for group, wg, xg, vg, far in groups:
+            need = {}
+            for L, N in group:
+                need[N] = need.get(N, np.zeros(len(union), dtype=bool)) | (row_weight[L, N] > 0).numpy()
+            per_row = _distance_rows(wg, xg, vg, need, reading, far)
+            for L, N in group:
+                values, valid = per_row[N]
+                weight = torch.where(valid, row_weight[L, N], 0.0)
+                frames.append(_frame(layer, {"L": L, "N": N},
+                                     {name: (v * weight).sum(-1) / weight.sum(-1) for name, v in values.items()}))
+        return frames
+
+    frames = [f for layer in _each_layer(layer_frames, weights.shape[0], desc, progress) for f in layer]
     return _concat(frames, ["L", "N"])
 
 
@@ -310,6 +439,46 @@ def critical_n(weights, x, lengths, Ns, alpha: float = 0.01, mask=None, reading:
     return CriticalN(tests, pd.DataFrame(summary))
 
 
+def theorem1_row_check(weights, x, Ns, tol: float = 1e-9, mask=None, reading: str = "sum_of_norms",
+                       progress: bool = True, rows_per_octave: int | None = None) -> dict:
+    """Theorem 1 (fixed set) row by row at the full length: for every N of ``Ns`` and every query row (or the rows
+    of ``sample_rows(L, rows_per_octave)``) of every head that sees more than N keys, rows renormalised in
+    float64 as in :func:`distance_vs_length`, whether d-tilde exceeds the bound ``theory.theorem1_fixed_bound`` of
+    its top-N set by more than ``tol``: d > bound (1 + tol) + tol. Returns ``{"checked": rows checked,
+    "violations": their number, "largest_ratio": the largest d / bound over the rows with bound > 0}``.
+    """
+    weights = _attention("weights", weights)
+    x = _vectors(x, weights)
+    check_choice("reading", reading, metrics.READINGS)
+    tol = float(tol)
+    if not tol >= 0:
+        raise ValueError(f"tol must be a number >= 0, got {tol!r}")
+    if rows_per_octave is not None:
+        rows_per_octave = check_int("rows_per_octave", rows_per_octave, low=1)
+    L = weights.shape[-1]
+    Ns = _grid("Ns", Ns, low=1, high=L - 1)
+    rows = torch.as_tensor(sample_rows(L, rows_per_octave)[0])
+    visible_all = _mask(mask, weights)
+    need = {N: np.ones(len(rows), dtype=bool) for N in Ns}
+
+    def layer_counts(layer: int) -> tuple[int, int, float]:
+        w, xs, visible = _layer(weights, x, visible_all[layer], layer, L, rows)
+        per_row = _distance_rows(w, xs, visible, need, reading, theory.farthest_keys(xs), expectation=False)
+        checked = violations = 0
+        largest = 0.0
+        for values, valid in per_row.values():
+            d, bound = values["distance"][valid], values["bound"][valid]
+            checked += int(valid.sum())
+            violations += int((d > bound * (1 + tol) + tol).sum())
+            if (bound > 0).any():
+                largest = max(largest, float((d[bound > 0] / bound[bound > 0]).max()))
+        return checked, violations, largest
+
+    counts = _each_layer(layer_counts, weights.shape[0], "Theorem 1 rows", progress)
+    return {"checked": sum(c[0] for c in counts), "violations": sum(c[1] for c in counts),
+            "largest_ratio": max(c[2] for c in counts)}
+
+
 # --- Algorithm 4: separability --------------------------------------------------------------------------
 
 
@@ -330,27 +499,43 @@ def separability_vs_n(weights, x, Ns=(1, 2, 4, 8, 16, 32, 64, 100), M: float = 1
     L = _length(L, weights)
     Ns = _grid("N", Ns, low=1, high=L - 1)
     visible_all = _mask(mask, weights)
-    frames = []
-    for layer in tqdm(range(weights.shape[0]), desc="Algorithm 4", disable=not progress):
-        w, xs = _layer(weights, x, layer, L)
-        xs = metrics._project(xs, M)
-        delta = metrics.min_pairwise_distance(xs)
-        visible = visible_all[layer, :, :L, :L]
+
+    def layer_frames(layer: int) -> list[dict]:
+        w, xs, visible = _layer(weights, x, visible_all[layer], layer, L, renormalize=False)
+        xs = metrics._project(xs, M).contiguous()
+        delta = metrics.min_pairwise_distance(xs).unsqueeze(-1)
+        longest = xs.norm(dim=-1).amax(-1).view(-1, 1, 1)  # M, or 0 for a head of zero vectors
         acc = {N: _RowMeans(w.shape[0], ("separability", "lower", "upper")) for N in Ns}
-        for rows, k in metrics._row_blocks(visible):
+        for rows, k in metrics._row_blocks(visible, _DISTANCE_BLOCK):
             live = [N for N in Ns if N < k]  # the others: every row of the block sees <= N keys
             if not live:
                 continue
             wb, vb, xb = w[:, rows, :k], visible[:, rows, :k], xs[:, :k]
-            for N, (selected, valid) in zip(live, metrics._top_ns(wb, vb, live)):
-                ratio, r = metrics._separability(wb, xb, selected, vb, valid, N)
+            hidden = int(vb.all(0).all(0).logical_not().nonzero()[0]) if not vb.all() else k  # before: all visible
+            wsq = wb * wb * xb.square().sum(-1).unsqueeze(-2)
+            scores = wb.masked_fill(~vb, -torch.inf)
+            ranked, order = metrics._ranked(scores, live[-1] + 1)
+            lengths = vb.sum(-1)
+            context, done = wb.new_zeros(*wb.shape[:2], xs.shape[-1]), 0  # the sum over the keys ranked < done
+            for N in live:
+                band = order[..., done:N]
+                context += metrics._weighted_sum(xs, band, wb.gather(-1, band))  # xs: contiguous, no copy
+                done = N
+                valid = lengths > N
+                top, s = _top_set(scores, ranked, order, context, wb, xb, valid, N)
+                # the (N + 1)-th largest weight bounds those outside the set
+                ratio, r, _ = metrics._separability_rows(wb, xb, vb, top, valid, N, s, wsq,
+                                                         ranked[..., N : N + 1] * longest, hidden)
                 acc[N].add("separability", ratio, valid)
                 usable = valid & (r > 0)
                 r = torch.where(usable, r, 1.0)  # invalid rows: any radius > 0, their bounds are discarded
-                lower, upper = theory.theorem2_bounds(wb, selected, r, M, delta.unsqueeze(-1))
+                lower, upper = theory._theorem2(ranked[..., :N], torch.ones_like(top, dtype=torch.bool),
+                                                r.unsqueeze(-1), M, delta.unsqueeze(-1))
                 acc[N].add("lower", lower, usable)
                 acc[N].add("upper", upper, usable)
-        frames += [_frame(layer, {"L": L, "N": N}, {**acc[N].means(), "delta": delta}) for N in Ns]
+        return [_frame(layer, {"L": L, "N": N}, {**acc[N].means(), "delta": delta.squeeze(-1)}) for N in Ns]
+
+    frames = [f for layer in _each_layer(layer_frames, weights.shape[0], "Algorithm 4", progress) for f in layer]
     return _concat(frames, ["N"])
 
 
@@ -381,18 +566,25 @@ def gradient_sensitivity(logits, Ts, epsilons=(1e-3, 1e-1, 10), mask=None, seed:
     seed = check_int("seed", seed, low=0)
     visible_all = _mask(mask, logits)
     generator = torch.Generator().manual_seed(seed)
-    frames = []
-    for layer in tqdm(range(logits.shape[0]), desc="Algorithm 5", disable=not progress):
-        l, visible = logits[layer].to(torch.float64), visible_all[layer]
-        if not (torch.isfinite(l) | ~visible).all():
-            raise ValueError("logits must be finite at visible keys (NaN or inf found)")
-        v = metrics._directions(visible, generator)
+    drawn = [threading.Event() for _ in range(logits.shape[0])]  # the layers draw their directions in order
+
+    def layer_frames(layer: int) -> list[dict]:
+        try:
+            l, visible = logits[layer].to(torch.float64), visible_all[layer]
+            if not (torch.isfinite(l) | ~visible).all():
+                raise ValueError("logits must be finite at visible keys (NaN or inf found)")
+            if layer:
+                drawn[layer - 1].wait()
+            v = metrics._directions(visible, generator)
+        finally:
+            drawn[layer].set()
         g = metrics._fd_gradients(l, v, visible, Ts, epsilons)
         seen = visible.any(-1)
         means = torch.where(seen, g, 0.0).sum(-1) / seen.sum(-1)
-        for a, T in enumerate(Ts):
-            for b, eps in enumerate(epsilons):
-                frames.append(_frame(layer, {"T": T, "eps": eps}, {"g": means[a, b]}))
+        return [_frame(layer, {"T": T, "eps": eps}, {"g": means[a, b]})
+                for a, T in enumerate(Ts) for b, eps in enumerate(epsilons)]
+
+    frames = [f for layer in _each_layer(layer_frames, logits.shape[0], "Algorithm 5", progress) for f in layer]
     heads = _concat(frames, ["T", "eps"])
     summary = heads.groupby(["T", "eps"], sort=True, as_index=False)["g"].max()
     summary["corollary3_bound"] = [theory.corollary3_bound(T) for T in summary["T"]]

@@ -228,24 +228,37 @@ def geometry(weights, x, N, mask=None, *, sphere=None, M: float = 1.0, keys: boo
     lead = torch.broadcast_shapes(w.shape[:-2], xs.shape[:-2], sph.shape[:-2])
     R, L = w.shape[-2:]
     w = w.expand(*lead, R, L)
-    xs, sph = xs.expand(*lead, *xs.shape[-2:]), sph.expand(*lead, *sph.shape[-2:])
+    # contiguous once (a view of a longer window is not), so that the sums over the sets read them without copies
+    xs, sph = xs.expand(*lead, *xs.shape[-2:]).contiguous(), sph.expand(*lead, *sph.shape[-2:]).contiguous()
     visible = metrics._visible(mask, w.shape)
     single = not isinstance(N, (list, tuple))
     Ns = [N] if single else list(N)
     dist_w = metrics._weights(distribution)
     Ns = [metrics._top_n_count(n, dist_w) for n in Ns]
-    tops = metrics._top_ns(dist_w, metrics._visible(mask, dist_w.shape), Ns)  # one partial sort for every N
+    tops = metrics._top_ns(dist_w, metrics._visible(mask, dist_w.shape), Ns, keys=True)  # one sort for every N
     nan = torch.tensor(torch.nan, dtype=torch.float64)
+    x2, sph2 = xs.square().sum(-1).unsqueeze(-2), sph.square().sum(-1).unsqueeze(-2)  # once for every N and block
+    longest_x, longest_s = x2.amax(-1, keepdim=True).sqrt(), sph2.amax(-1, keepdim=True).sqrt()
+    mass = m.expand(*lead, R).unsqueeze(-1)
     out = {}
-    for n, (selected, valid) in zip(Ns, tops):
-        selected = selected.expand(*lead, R, L)
+    for n, (selected, valid, top, ranked) in zip(Ns, tops):
+        selected, top = selected.expand(*lead, R, L), top.expand(*lead, R, n)
         valid = (valid & (m > 0)).expand(*lead, R)
-        distance = metrics._cumulative_distance(w, xs, selected, visible, "sum_of_norms")
-        ratio, r = metrics._separability(w, sph, selected, visible, valid, n)
-        separated = None
-        if keys:
-            dist = metrics._key_distances(w, sph, metrics._context(w, sph, selected))
-            separated = selected & (dist < r.unsqueeze(-1)) & valid.unsqueeze(-1)  # r is NaN on invalid rows
+        picked = w.gather(-1, top)
+        s_x, s_s = metrics._weighted_sum(xs, top, picked), metrics._weighted_sum(sph, top, picked)
+        outside = ranked[..., n : n + 1].expand(*lead, R, 1) * mass  # >= every weight outside the set (valid rows)
+        distance, ratio = w.new_empty(w.shape[:-1]), w.new_empty(w.shape[:-1])
+        separated = torch.zeros_like(selected) if keys else None
+        for rows, k in metrics._row_blocks(visible):
+            wb, vb, out_b = w[..., rows, :k], visible[..., rows, :k], outside[..., rows, :]
+            keys_b = top[..., rows, :].clamp_max(k - 1)  # only an invalid row (NaN, no keys kept) reaches beyond k
+            distance[..., rows] = metrics._distance_sum(wb, xs[..., :k, :], vb, top=keys_b, wsq=wb * wb * x2[..., :k],
+                                                        reach=out_b * longest_x, s=s_x[..., rows, :])
+            ratio[..., rows], _, inside = metrics._separability_rows(
+                wb, sph[..., :k, :], vb, keys_b, valid[..., rows], n, s_s[..., rows, :], wb * wb * sph2[..., :k],
+                out_b * longest_s)
+            if keys:  # the selected keys strictly inside the ball, on valid rows
+                separated[..., rows, :k].scatter_(-1, keys_b, inside & valid[..., rows, None])
         out[n] = Geometry(torch.where(valid, distance, nan), torch.where(valid, ratio, nan), selected, separated,
                           valid)
     return out[N] if single else out
@@ -257,7 +270,7 @@ def _vectors(name: str, x, w: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"{name} must be a float tensor of shape (..., L, d) with L = {w.shape[-1]}, "
                          f"got {tuple(xs.shape)}")
     xs = xs.to(torch.float64)
-    if not torch.isfinite(xs).all():
+    if xs.numel() and not torch.isfinite(torch.stack(torch.aminmax(xs))).all():  # NaN and inf reach min or max
         raise ValueError(f"{name} must contain only finite numbers (found NaN or inf)")
     try:
         torch.broadcast_shapes(w.shape[:-2], xs.shape[:-2])
@@ -427,7 +440,7 @@ def _coverage_null(sel, sep, union, ok, N: int, n_perm: int, generator) -> torch
     for p0 in range(0, n_perm, per_draw):
         P = min(per_draw, n_perm - p0)
         keys = torch.rand((P, *sep_sel.shape), generator=generator, dtype=torch.float64)
-        shuffled = sep_sel.unsqueeze(0).expand(P, *sep_sel.shape).gather(-1, keys.argsort(-1))
+        shuffled = sep_sel.unsqueeze(0).expand(P, *sep_sel.shape).gather(-1, metrics._argsort(keys))
         shuffled = shuffled.movedim(-3, -2).reshape(P, *lead, R, H * N).to(torch.float64)
         hits = torch.zeros((P, *lead, R, width), dtype=torch.float64)
         hits.scatter_add_(-1, pos.unsqueeze(0).expand(P, *pos.shape), shuffled)

@@ -33,6 +33,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from scipy.optimize import minimize_scalar
 
@@ -231,6 +232,16 @@ def _sqrt0(t: torch.Tensor) -> torch.Tensor:
     return t.clamp_min(0).sqrt()
 
 
+def _sqrt_(t: torch.Tensor) -> torch.Tensor:
+    """t.sqrt_(), through numpy for a contiguous CPU tensor: the same correctly rounded IEEE square roots, about
+    twice as fast as torch's float64 kernel on CPU."""
+    if t.device.type == "cpu" and t.is_contiguous() and not t.requires_grad:
+        a = t.numpy()
+        np.sqrt(a, out=a)
+        return t
+    return t.sqrt_()
+
+
 def _compact(sel: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The indices of the (at most n) True entries of each row of ``sel`` (..., L), in increasing order,
     as (..., n), padded with the row's first index; and which entries are real. O(L) per row."""
@@ -355,6 +366,8 @@ class FarthestKeys(NamedTuple):
 
 #: Farthest keys kept per key and prefix size by ``farthest_keys``.
 FARTHEST = 32
+#: Entries of those lists that ``_max_cross_sq_distance`` tries first.
+FIRST = 4
 
 
 def farthest_keys(x, m: int = FARTHEST, prefixes: Sequence[int] = ()) -> FarthestKeys:
@@ -427,31 +440,54 @@ def _farthest_for(farthest: FarthestKeys | None, rows: "_Rows") -> tuple[Farthes
                              indices=tuple(map(expand, farthest.indices)), batch=rows.batch), rows.scale
 
 
+def _best_candidates(far: FarthestKeys, a: int, m: int, h, j, ok_j, u) -> tuple[torch.Tensor, torch.Tensor]:
+    """From the first m entries of the level-a lists of the selected keys j (p, n) (``ok_j``: real entries) of heads h
+    (p,), the unselected visible keys u (p, K) being the candidates: the largest squared distance of a candidate
+    found there (p,), -inf if none, and an upper bound (p,) on the maximum of every selected key without a
+    candidate among them (its m-th value: the lists are sorted, and keys left out of a list are no farther than
+    any key in it), -inf if there is no such key. Both in the lists' units."""
+    keys = far.indices[a][..., :m][h.unsqueeze(-1), j]  # (p, n, m): the candidates of each selected key
+    values = far.sq_distances[a][..., :m][h.unsqueeze(-1), j]
+    ok = u.gather(-1, keys.flatten(-2)).view(keys.shape) & ok_j.unsqueeze(-1)
+    found = values.masked_fill(~ok, -torch.inf).amax((-1, -2))
+    cap = values[..., -1].masked_fill(~(ok_j & ~ok.any(-1)), -torch.inf).amax(-1)
+    return found, cap
+
+
 def _max_cross_sq_distance(x, far: FarthestKeys, unit, heads, idx, valid, unsel) -> torch.Tensor:
     """max_{j in I, i in U} ||x_i - x_j||^2 for P rows: head index ``heads`` (P,), selected keys ``idx``
     (P, n) (``valid`` marks real entries), unselected visible keys ``unsel`` (P, L), U non-empty. The
-    lists' values are divided by ``unit`` (B,) twice, to the units of x."""
+    lists' values are divided by ``unit`` (B,) twice, to the units of x.
+
+    The maximum is read off the first FIRST entries of the selected keys' lists where they settle it (the best
+    candidate found is at least the bound on the keys that found none, see ``_best_candidates``), then off the
+    whole lists; the few rows still unsettled are computed directly."""
     out = x.new_empty(len(heads))
+    if unsel.shape[-1] < far.levels[-1]:  # unsel may stop at the last visible key; the lists index up to L
+        unsel = torch.nn.functional.pad(unsel, (0, far.levels[-1] - unsel.shape[-1]))
     last = unsel.shape[-1] - unsel.flip(-1).to(torch.int8).argmax(-1)  # 1 + the last key in U
     level = torch.bucketize(torch.maximum(last, idx.amax(-1) + 1), torch.tensor(far.levels))
     for a, K in enumerate(far.levels):
         rows = (level == a).nonzero().squeeze(-1)
         if not len(rows):
             continue
-        h, j, ok_j, u = heads[rows], idx[rows], valid[rows], unsel[rows, :K]
-        keys = far.indices[a][h.unsqueeze(-1), j]  # (p, n, m): the candidates of each selected key
-        ok = u.gather(-1, keys.flatten(-2)).view(keys.shape) & ok_j.unsqueeze(-1)
-        best = far.sq_distances[a][h.unsqueeze(-1), j].masked_fill_(~ok, -torch.inf).amax(-1)
-        out[rows] = best.amax(-1) / unit[h] / unit[h]
-        missed = (ok_j & ~ok.any(-1)).any(-1).nonzero().squeeze(-1)  # a selected key without a valid candidate
+        for m in sorted({min(FIRST, far.indices[a].shape[-1]), far.indices[a].shape[-1]}):
+            h, j, ok_j, u = heads[rows], idx[rows], valid[rows], unsel[rows, :K]
+            found, cap = _best_candidates(far, a, m, h, j, ok_j, u)
+            settled = found >= cap
+            out[rows[settled]] = found[settled] / unit[h[settled]] / unit[h[settled]]
+            rows = rows[~settled]
+            if not len(rows):
+                break
+        h, j, ok_j = heads[rows], idx[rows], valid[rows]
         step = max(1, CHUNK_ELEMENTS // (K * (j.shape[-1] + x.shape[-1])))
-        for c in range(0, len(missed), step):
-            p = missed[c : c + step]
+        for c in range(0, len(rows), step):  # rows whose lists do not settle the maximum
+            p = slice(c, c + step)
             xk = x[h[p], :K]  # (q, K, d)
             xj = xk.gather(1, j[p].unsqueeze(-1).expand(-1, -1, xk.shape[-1]))  # (q, n, d)
             sq = (xk * xk).sum(-1)
             d2 = torch.baddbmm(sq.gather(1, j[p]).unsqueeze(-1) + sq.unsqueeze(-2), xj, xk.mT, alpha=-2)
-            d2.masked_fill_(~(u[p].unsqueeze(-2) & ok_j[p].unsqueeze(-1)), -torch.inf)
+            d2.masked_fill_(~(unsel[rows[p], :K].unsqueeze(-2) & ok_j[p].unsqueeze(-1)), -torch.inf)
             out[rows[p]] = d2.amax((-1, -2)).clamp_min(0)
     return out
 
@@ -548,16 +584,28 @@ def _random_setting_terms(rows: _Rows, N: int, bs: slice, rs: slice):
     return w, vis, m, xm, sq, mm, L_r, n_r, c
 
 
-def _main_sum(w, vis, xm, sq, mm, N: int) -> torch.Tensor:
-    """E of ``theorem1_random_main_sum`` per row, from the terms of ``_mean_vector_terms`` (unchanged,
-    so they can serve several N), without validation."""
-    zero = torch.zeros((), dtype=w.dtype)
-    L_r = vis.sum(-1).to(w.dtype)
-    c = torch.where(L_r > N, N / (L_r - 1).clamp_min(1), zero).unsqueeze(-1)
-    a = w * (1 + c)  # ||a_i x_i - c m||^2 = a_i (a_i |x_i|^2 - 2 c <x_i, m>) + c^2 |m|^2
-    t2 = (a * sq).sub_(xm * (2 * c)).mul_(a).add_(c * c * mm.unsqueeze(-1))
-    total = t2.clamp_min_(0).sqrt_().masked_fill_(~vis, 0).sum(-1)
-    return torch.where(L_r > N, (L_r - N) / L_r * total, zero)
+def _main_sum_terms(w: torch.Tensor, x: torch.Tensor, x2: torch.Tensor | None = None):
+    """The N-independent terms of ``_main_sum`` for rows w (b, r, L) (zero at masked keys) and keys x (b, L, d):
+    alpha_i^2 |x_i|^2 and alpha_i <x_i, m> (b, r, L), and |m|^2 (b, r, 1), m = sum_j alpha_j x_j. ``x2``: the
+    squared key norms (b, 1, L), when the caller has them."""
+    m = w @ x
+    if x2 is None:
+        x2 = x.square().sum(-1).unsqueeze(-2)
+    return w * w * x2, w * (m @ x.mT), m.square().sum(-1, keepdim=True)
+
+
+def _main_sum(wsq, wxm, mm, vis, lengths, N: int, hidden: int = 0) -> torch.Tensor:
+    """E of ``theorem1_random_main_sum`` per row (b, r), from the terms of ``_main_sum_terms`` (unchanged, so they
+    serve several N) and the row lengths L_r (b, r, 1), without validation. With c = N / (L_r - 1):
+    ||(1 + c) alpha_i x_i - c m||^2 = (1 + c)^2 alpha_i^2 |x_i|^2 - 2 c (1 + c) alpha_i <x_i, m> + c^2 |m|^2.
+    ``hidden``: every key before it is visible in every row (so only the keys from there on are masked)."""
+    zero = torch.zeros((), dtype=wsq.dtype)
+    L_r = lengths.to(wsq.dtype)
+    c = torch.where(L_r > N, N / (L_r - 1).clamp_min(1), zero)
+    t2 = torch.addcmul(c * c * mm, wsq, (1 + c).square()).addcmul_(wxm, c * (1 + c), value=-2.0).clamp_min_(0)
+    t2[..., hidden:].masked_fill_(~vis[..., hidden:], 0)
+    total = _sqrt_(t2).sum(-1, keepdim=True)
+    return torch.where(L_r > N, (L_r - N) / L_r * total, zero).squeeze(-1)
 
 
 def theorem1_random_main_sum(weights, x, N: int, mask=None) -> torch.Tensor:
@@ -591,7 +639,7 @@ def theorem1_random_main_sum(weights, x, N: int, mask=None) -> torch.Tensor:
 
     def chunk(bs: slice, rs: slice) -> torch.Tensor:
         w, vis = _visible_rows(rows, bs, rs)
-        return _main_sum(w, vis, *_mean_vector_terms(w, rows.x[bs])[1:], N)
+        return _main_sum(*_main_sum_terms(w, rows.x[bs]), vis, vis.sum(-1, keepdim=True), N)
 
     return rows.restore(_chunked(*rows.weights.shape[:2], 6 * rows.weights.shape[-1], chunk))
 
@@ -762,6 +810,17 @@ def theorem2_xi(weights, selected, M: float, delta: float) -> torch.Tensor:
     return _xi(w, sel, M, delta)
 
 
+def _theorem2(ws: torch.Tensor, s: torch.Tensor, r: torch.Tensor, M: float,
+              delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lower, upper) of ``theorem2_bounds`` from the selected weights ``ws`` (..., n) alone (``s``: which entries
+    are real; the others are 0), r and delta (..., 1), without validation."""
+    xi = _xi(ws, s, M, delta)
+    n = s.sum(-1).to(ws.dtype)
+    lower = 1 - xi.sum(-1) / (n * r.squeeze(-1))
+    tail = (xi - r).clamp_min_(0).square_().mul_(-1 / (2 * M * M)).exp_().masked_fill_(~s, 0)
+    return lower, tail.sum(-1) / n
+
+
 def theorem2_bounds(weights, selected, r, M: float, delta: float) -> Bounds:
     """Theorem 2's lower and upper bounds on the separability fraction N_s / N, per row (...,).
 
@@ -798,12 +857,7 @@ def theorem2_bounds(weights, selected, r, M: float, delta: float) -> Bounds:
 
     def chunk(_: slice, sl: slice):
         idx, s = _compact(sel2[sl], n_max)  # the selected weights only: (rows, n_max)
-        ws, rr = w2[sl].gather(-1, idx).masked_fill_(~s, 0), r2[sl]
-        xi = _xi(ws, s, M, delta2[sl])
-        n = s.sum(-1).to(w.dtype)
-        lower = 1 - xi.sum(-1) / (n * rr.squeeze(-1))
-        tail = (xi - rr).clamp_min_(0).square_().mul_(-1 / (2 * M * M)).exp_().masked_fill_(~s, 0)
-        return lower, tail.sum(-1) / n
+        return _theorem2(w2[sl].gather(-1, idx).masked_fill_(~s, 0), s, r2[sl], M, delta2[sl])
 
     lower, upper = _chunked(1, w2.shape[0], 3 * L + 8 * n_max, chunk)
     return Bounds(lower.reshape(w.shape[:-1]), upper.reshape(w.shape[:-1]))

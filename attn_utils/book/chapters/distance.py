@@ -28,7 +28,6 @@ from attn_utils.book import figures, runlog
 from attn_utils.book.formatting import fmt
 from attn_utils.book.session import VECTOR_FIELD
 from attn_utils.mathematics import algorithms, metrics, theory
-from attn_utils.mathematics.normalizers import causal_mask
 
 F64 = torch.float64
 FAMILIES = ("generic", "tied weights", "one dominant weight", "L = N + 1", "equal vectors", "antipodal (extremal)")
@@ -414,7 +413,6 @@ class Figure2:
     rows: int
 
 
-@one_thread
 def figure2(weights, x, *, N: int, lengths, Ns, alpha: float, reading: str, rows_per_octave) -> Figure2:
     """Algorithms 1-3 (``attn_utils.mathematics.algorithms``) on the captured attention, with the query rows
     sampled ``rows_per_octave`` per octave of positions (None: every row); the critical N uses the grid of
@@ -442,36 +440,15 @@ def run_seconds() -> float:
                if r["notebook"] == runlog.notebook() and r["algorithm"] in TIMED)
 
 
-@one_thread
 def row_bound_check(weights, x, Ns, *, reading: str, rows_per_octave) -> dict:
-    """Theorem 1 (fixed set) row by row: for every N of ``Ns`` and every sampled query row of every head at the
-    full length that sees more than N keys (rows renormalised in float64, causal mask), whether d~ exceeds the
-    bound by more than a relative TOL. Returns the rows checked, the violations and the largest d~ / bound."""
-    n_layers, _, L = weights.shape[:3]
-    rows, _ = algorithms.sample_rows(L, rows_per_octave)
-    blocks = algorithms.octave_blocks(rows)
-    checked = violations = 0
-    largest = 0.0
-    for layer in range(n_layers):
-        w = weights[layer][:, torch.as_tensor(rows)].to(F64)
-        w = w / w.sum(-1, keepdim=True)
-        xs = x[layer].to(F64)
-        farthest = theory.farthest_keys(xs, prefixes=[k for _, k in blocks])
-        for positions, k in blocks:
-            wb, mask = w[:, torch.as_tensor(positions), :k], causal_mask(k)[torch.as_tensor(rows[positions])]
-            for n_top in (n for n in Ns if n < k):
-                selected, valid = metrics.top_n_mask(wb, n_top, mask)
-                selected = selected | (mask & ~valid.unsqueeze(-1))  # rows that see <= N keys are not counted
-                d = metrics.cumulative_distance(wb, xs[:, :k], selected, mask, reading=reading)[valid]
-                bound = theory.theorem1_fixed_bound(wb, xs[:, :k], selected, mask, farthest=farthest.prefix(k))[valid]
-                checked += int(valid.sum())
-                violations += int((d > bound * (1 + TOL) + TOL).sum())
-                if (bound > 0).any():
-                    largest = max(largest, float((d[bound > 0] / bound[bound > 0]).max()))
-    return {"checked": checked, "violations": violations, "largest_ratio": largest}
+    """Theorem 1 (fixed set) row by row (:func:`attn_utils.mathematics.algorithms.theorem1_row_check`): for every N
+    of ``Ns`` and every sampled query row of every head at the full length that sees more than N keys (rows
+    renormalised in float64, causal mask), whether d~ exceeds the bound by more than a relative TOL. Returns the
+    rows checked, the violations and the largest d~ / bound."""
+    return algorithms.theorem1_row_check(weights, x, Ns, tol=TOL, reading=reading, rows_per_octave=rows_per_octave,
+                                         progress=False)
 
 
-@one_thread
 def sampling_checks(weights, x, *, N: int, lengths, alpha: float, reading: str, rows_per_octave
                     ) -> tuple[dict, pd.DataFrame]:
     """How the row sample compares with every row. On the lengths (<= 64) where every row is sampled, the
