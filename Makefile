@@ -41,9 +41,10 @@ book: $(STAMP)
 	$(VENV)/bin/attn-companion book --params "$(PARAMS)" $(if $(WINDOWS),--windows "$(WINDOWS)")
 
 # two workers, one per core, each with one intra-op thread (more would oversubscribe the cores);
-# --dist loadfile keeps a file on one worker, so the whole-book build of tests/test_book.py runs once
+# --dist loadfile keeps a file on one worker, so the whole-book build of tests/test_book.py runs once;
+# --durations lists the slowest tests, to see where the time goes
 test: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile --durations=15
 
 benchmark: $(STAMP)
 	$(PY) benchmarks/bench_algorithms.py
