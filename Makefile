@@ -40,11 +40,12 @@ lock:
 book: $(STAMP)
 	$(VENV)/bin/attn-companion book --params "$(PARAMS)" $(if $(WINDOWS),--windows "$(WINDOWS)")
 
-# two workers, one per core, each with one intra-op thread (more would oversubscribe the cores);
-# --dist loadfile keeps a file on one worker, so the whole-book build of tests/test_book.py runs once;
+# two workers, one per core, each with one intra-op thread (more would oversubscribe the cores); the tests of a
+# module stay on one worker (the scheduler of tests/conftest.py, so the whole-book build of tests/test_book.py runs
+# once), the modules with slow tests start first, in file order (--no-loadscope-reorder);
 # --durations lists the slowest tests, to see where the time goes
 test: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile --durations=15
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --no-loadscope-reorder --durations=15
 
 benchmark: $(STAMP)
 	$(PY) benchmarks/bench_algorithms.py

@@ -31,8 +31,8 @@
 # * Theorem 1 for a fixed top-$N$ set and for a random $N$-set, and Corollary 2, with our proofs;
 # * how to test an inequality numerically: many random instances, the cases where it is attained, and
 #   counterexamples to the variants it rules out;
-# * how the paper's Algorithms 1–3 run on a pretrained model, on a sample of query rows, and how a
-#   Kolmogorov–Smirnov test turns two samples of head means into a "critical $N$".
+# * how the paper's Algorithms 1–3 run on a pretrained model over every query row, what a sample of rows
+#   would cost in accuracy, and how a Kolmogorov–Smirnov test turns two samples of head means into a "critical $N$".
 #
 # **What it assumes**
 #
@@ -59,7 +59,7 @@ n_trials = 3000                        # number of random synthetic instances fo
 n_samples = 256                        # Monte-Carlo draws of the random N-set per synthetic row
 vectors = "value"                      # per-head vectors used as the x_i: "value", "key" or "query"
 distance_reading = "sum_of_norms"      # reading of d~ measured on the model: "sum_of_norms" (ours) or "norm_of_sum"
-rows_per_octave = 32                   # query rows sampled per octave of positions, i.e. per doubling of t; None for every row
+rows_per_octave = None                 # None: every query row, as the paper; K: K rows sampled per octave of positions (quicker)
 
 # %%
 from attn_utils.book.params import validate
@@ -481,21 +481,21 @@ table(pd.Series(session.summary()).rename_axis("model and window").reset_index(n
 # %% [markdown]
 # ### How the rows are evaluated
 #
-# The paper's loops average each statistic over all query rows $t$. The library's Algorithms 1–3
-# (`algorithms.distance_vs_length`, `distance_vs_n`, `critical_n`) do exactly that by default, with one
-# pass over all rows of all heads per length (the top-$N$ sizes of a length share its partial sorts and
-# Gram products). Panel (c) needs a dozen sizes at every length; with every row that takes longer than
-# this book's time budget (a few minutes for all chapters on two cores). The three algorithms therefore
-# take an option `rows_per_octave`: they evaluate the same per-row quantities on a **sample of query
+# The paper's loops average each statistic over all query rows $t$, and so does this chapter by default
+# (`rows_per_octave=None`). The library's Algorithms 1–3 (`algorithms.distance_vs_length`, `distance_vs_n`,
+# `critical_n`) make one pass over all rows of all heads of a layer, the layers in parallel: the top-$N$
+# sizes share each block's partial sort, each context vector extends that of the previous size, and every
+# length of a causal window reads the same per-row values. For a quicker run the three algorithms take an
+# option `rows_per_octave`: with $K$ they evaluate the same per-row quantities on a **sample of query
 # rows** (`algorithms.sample_rows`), every row of the octaves $[2^k,2^{k+1})$ of positions that hold at
-# most `rows_per_octave` rows and `rows_per_octave` equally spaced rows of the larger octaves, each
-# standing for the rows of its octave it represents, and the head means become weighted means over the
-# sampled rows. `rows_per_octave=None` evaluates every row.
+# most $K$ rows and $K$ equally spaced rows of the larger octaves, each standing for the rows of its
+# octave, and the head means become weighted means over the sampled rows (the cost grows like $KL$
+# instead of $L^2$).
 #
 # `distance.figure2` runs the three algorithms on the captured attention: Algorithm 1 at $N=${glue:text}`m_N`
 # for every length of `lengths`, Algorithm 2 at the full length for every $N$ of `Ns`, Algorithm 3 on the
 # grid of panel (c) described below. `distance.row_bound_check` then checks
-# {prf:ref}`Theorem 1 (fixed set) <ch2-thm1-fixed>` on every sampled row of every head, for every $N$ of
+# {prf:ref}`Theorem 1 (fixed set) <ch2-thm1-fixed>` on every measured row of every head, for every $N$ of
 # panels (a) and (b). The table is panel (c): the critical $N$ of each length.
 
 # %%
@@ -505,24 +505,26 @@ row_check = distance.row_bound_check(weights, x, sorted({N, *p.Ns}), **options)
 table(fig2.critical)
 
 # %% [markdown]
-# Two checks of the sample against every row (`distance.sampling_checks`): on the lengths where every row
-# is sampled, the sampled algorithms must give what the full ones give; at the full length, the sampled
-# head means of Algorithm 2 are compared with the exact ones on the first and the last layer. The table
-# gives the relative errors of the latter, median and largest over heads.
+# What would a sample lose? `distance.sampling_checks` compares a sample of $K=${glue:text}`m_sample_k`
+# rows per octave (the run's own $K$, or 32 when it evaluates every row) with every row, twice: on the
+# lengths where the sample holds every row, the sampled algorithms must give what the full ones give; at
+# the full length, the sampled head means of Algorithm 2 are compared with the exact ones on the first and
+# the last layer. The table gives the relative errors of the latter, median and largest over heads.
 
 # %%
 checks, sampling_error = distance.sampling_checks(weights, x, N=N, lengths=p.lengths, alpha=ks_alpha, **options)
 table(sampling_error, index=True)
 
 # %% [markdown]
-# On the lengths where every row is sampled ({glue:text}`m_check_lengths`) the sampled head means agree
-# with those of every row to a relative {glue:text}`m_check_agreement`, and the critical $N$ is the same
-# for {glue:text}`m_crit_check` of these lengths. At the full length the
-# {glue:text}`m_rows` sampled rows ({glue:text}`m_rows_share` % of the rows) reproduce the exact head
+# On the lengths where the sample holds every row ({glue:text}`m_check_lengths`) the sampled head means
+# agree with those of every row to a relative {glue:text}`m_check_agreement`, and the critical $N$ is the
+# same for {glue:text}`m_crit_check` of these lengths. At the full length the
+# {glue:text}`m_sample_rows` sampled rows ({glue:text}`m_sample_share` % of the rows) reproduce the exact head
 # means of `algorithms.distance_vs_n` on layers 0 and {glue:text}`m_last_layer` with a median relative
 # error of at most {glue:text}`m_sample_med` % per quantity; single heads are off by up to
-# {glue:text}`m_sample_max` %, and the mean over these heads by {glue:text}`m_sample_mean_err` %. Panel
-# summaries over all heads are therefore reliable to a few per cent; single heads are not.
+# {glue:text}`m_sample_max` %, and the mean over these heads by {glue:text}`m_sample_mean_err` %. These are
+# the errors to expect of a run with `rows_per_octave=`{glue:text}`m_sample_k`; the figures and the ledger of
+# this run average {glue:text}`m_rows_text`.
 
 # %% [markdown]
 # ### The critical $N$ (panel (c))
@@ -553,7 +555,7 @@ figures.glue_figure("fig_ch2_figure2c", distance.figure2_c_figure(fig2, alpha=ks
 #
 # **The paper's Figure 2 (a) and (b), measured on {glue:text}`ch2_model`** ({glue:text}`m_heads`; the
 # $x_i$ are the heads' {glue:text}`m_vectors`; $\tilde d$ in the {glue:text}`m_reading` reading; the
-# weights are the model's own; {glue:text}`m_rows` sampled query rows per head). (a) $N=${glue:text}`m_N`:
+# weights are the model's own; {glue:text}`m_rows_text`). (a) $N=${glue:text}`m_N`:
 # the true distance $\tilde d$ of the top-$N$ set (green), the main sum $\mathcal E$ of
 # {prf:ref}`Theorem 1 (random set) <ch2-thm1-random>` (blue) and the bound of
 # {prf:ref}`Theorem 1 (fixed set) <ch2-thm1-fixed>` (red), averaged over query rows and then over heads
@@ -618,7 +620,7 @@ glue_values({**captured, **checks, **facts, **distance.figure2_readings(facts, r
 # slope {glue:text}`m_slope_b`; it lies above the mean distance for {glue:text}`m_safe_percent` of the
 # (head, length) and (head, $N$) pairs of panels (a) and (b), with a median ratio bound/distance of
 # {glue:text}`m_conservative` (the paper: "safe but conservative"; our rule: {glue:text}`m_rule_safe`). Row by row, on
-# {glue:text}`m_rows_checked` sampled rows, it is violated {glue:text}`m_row_violations` times, and
+# {glue:text}`m_rows_checked` measured rows (a row of a head at one $N$), it is violated {glue:text}`m_row_violations` times, and
 # the largest ratio $\tilde d/\text{bound}$ is {glue:text}`m_row_ratio`.
 #
 # **Panel (b).** The mean distance is largest at $N=${glue:text}`m_d_peak_N` and changes by

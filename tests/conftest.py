@@ -16,7 +16,11 @@ import atexit
 import os
 import shutil
 import tempfile
+from collections import Counter
 from pathlib import Path
+
+import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 # the controller of a pytest-xdist run makes the folder; its workers inherit the variable and share the folder
 if "ATTN_COMPANION_TEST_ROOT" not in os.environ:
@@ -35,3 +39,33 @@ for _name, _value in {
     "no_proxy": "localhost,127.0.0.1,::1",
 }.items():
     os.environ[_name] = _value
+
+
+# --- scheduling on two pytest-xdist workers (`make test`: -n 2 --no-loadscope-reorder) ----------------------------
+
+# tests that share nothing costly with their neighbours: xdist may run each on any worker
+SPREAD = ("tests/test_documented_commands.py::test_documented_run_executes[",)
+
+
+class ModuleScheduling(LoadScopeScheduling):
+    """xdist's scheduling by scope, the scope of a test being its module (one worker runs a module's tests in a
+    row, so its module and session fixtures are set up once: the whole-book build of tests/test_book.py runs
+    once), except the tests of :data:`SPREAD`, each a scope of its own. (``--dist loadgroup`` would say this with
+    markers, but xdist 3.8 cannot group tests under pytest 9.2, whose node ids it no longer rewrites.)"""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return nodeid if nodeid.startswith(SPREAD) else nodeid.split("::", 1)[0]
+
+
+def pytest_xdist_make_scheduler(config, log):
+    return ModuleScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The longest units first, so that the short ones fill in at the end and both workers finish together: the
+    modules that hold a ``slow`` test (in file order), then the others, those with more tests first. Stable: each
+    module keeps its order."""
+    slow = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
+    count = Counter(item.module.__name__ for item in items)
+    items.sort(key=lambda item: (item.module.__name__ not in slow,
+                                 0 if item.module.__name__ in slow else -count[item.module.__name__]))

@@ -166,6 +166,9 @@ def test_sampling_checks(attention):
     every, _ = distance.sampling_checks(w, x, N=2, lengths=[8, 16], alpha=0.01, reading="sum_of_norms",
                                         rows_per_octave=None)
     assert every["m_sample_max"] == 0 and every["m_check_agreement"] == 0 and every["m_crit_check"] == "2 of 2"
+    # a run over every row measures the sample a quicker run would take: here it holds every row of the window
+    assert every["m_sample_k"] == distance.QUICK_ROWS_PER_OCTAVE and every["m_sample_rows"] == w.shape[-1]
+    assert facts["m_sample_k"] == 4 and facts["m_sample_share"] == pytest.approx(100 * facts["m_sample_rows"] / 24)
 
 
 # --- Figure 2 on gpt2-random ------------------------------------------------------------------------------------------
@@ -248,7 +251,8 @@ def test_figure2_facts_on_known_panels():
     assert f["m_gap_5"] == pytest.approx(0.5) and f["m_gap_100"] == pytest.approx(1 - 10.8 / 11.4)
     assert f["m_crit_within"] == [False, True] and f["m_crit_ledger"] == "L=32: 28; L=64: 3"
     assert f["m_p_006_tested"] == 2 and not f["m_p_006_reject_all"] and f["m_p_006_accepted"] == "64"
-    assert f["m_rows_share"] == pytest.approx(100 * 100 / 1024) and f["m_reading"] == "norm of sum"
+    assert f["m_rows_text"] == "100 sampled query rows per head (9.77 % of the rows)" and f["m_reading"] == "norm of sum"
+    assert distance.rows_text(1024, 1024) == "every query row (1024 per head)"
 
 
 # --- the ledger's rules are the chapter's former verdict code ----------------------------------------------------

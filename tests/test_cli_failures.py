@@ -50,6 +50,7 @@ def _running(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum, group", [(signal.SIGINT, True), (signal.SIGTERM, False)],
                          ids=["ctrl-c", "sigterm"])
 def test_interrupted_book_ends_with_one_line_and_keeps_the_previous_book(sleepy_book, tmp_path, signum, group):

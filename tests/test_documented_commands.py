@@ -29,6 +29,7 @@ DOCS = ("README.md", "book/rerun.md", "book/teachers.md")
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.M | re.S)
 INLINE = re.compile(r"`([^`]+)`")
 SCALED = {"model": "gpt2-random", "L": 64}
+SIZES = ("n_trials", "n_samples")  # how many random instances: scaled to the small build's, like L
 
 
 class Command(NamedTuple):
@@ -110,9 +111,11 @@ def runs_of(command: Command) -> list[Run]:
 
 
 def scaled(run: Run) -> Run:
-    """The run with L = 64 and model gpt2-random, a notebook's other parameters over the small build's."""
+    """The run with L = 64, model gpt2-random and the small build's :data:`SIZES`, a notebook's other parameters
+    over the small build's."""
     base = SMALL if run.kind == "notebook" else {}
-    return _run(run.kind, run.notebook, {**base, **run.values, **SCALED})
+    sizes = {k: SMALL[k] for k in SIZES if k in run.values}
+    return _run(run.kind, run.notebook, {**base, **run.values, **sizes, **SCALED})
 
 
 def executions(commands: list[Command]) -> dict[Run, list[str]]:
@@ -182,15 +185,16 @@ def test_the_pages_show_the_commands_this_test_knows():
             cli.parser().parse_args(command.argv)
 
 
-def test_the_windows_command_runs_each_chapter_on_each_window_and_executes_one_per_chapter():
+def test_the_windows_command_runs_each_chapter_on_each_window_and_executes_what_the_small_build_does_not():
     command = Command("x", "", ("windows", "--windows", "3", "--notebooks", "ch1_vanishing", "ch2_distance"))
     runs = runs_of(command)
     assert [(r.notebook, r.values["chapters"]) for r in runs] == [
         (nb, [c, 365]) for nb in ("ch1_vanishing", "ch2_distance") for c in (1, 122, 244)]
     assert all(r.values.get("n_trials") == windows.SHORT_SYNTHETIC[r.notebook]["n_trials"] for r in runs)
-    todo = executions([command])  # one window per chapter; ch1's is the small build's (n_trials 20 either way)
-    assert list(todo) == [_run("notebook", "ch2_distance", {**SMALL, **windows.SHORT_SYNTHETIC["ch2_distance"],
-                                                            **SCALED})]
+    # scaled, a window's run is the small build's (its window and its synthetic sizes are the small build's)
+    assert executions([command]) == {}
+    wider = Command("x", "", ("windows", "--windows", "2", "--notebooks", "ch2_distance", "-p", "N", "3"))
+    assert list(executions([wider])) == [_run("notebook", "ch2_distance", {**SMALL, "N": 3, **SCALED})]
 
 
 def test_runs_are_scaled_and_deduplicated():

@@ -95,6 +95,7 @@ def test_notebook_parameters_and_unknown_parameter(tiny_book):
         build.check_parameters(src, {"N": -1})
 
 
+@pytest.mark.slow
 def test_build_book_then_failed_build_keeps_previous(tiny_book, tmp_path):
     out = tmp_path / "html"
     result = build.build_book({"N": 4}, root=tiny_book, out=out, progress=False)
@@ -133,6 +134,7 @@ def test_cli_reports_bad_parameter_and_unknown_notebook(capsys):
     assert "no notebook has a parameter 'no_such_param'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_run_marks_failed_runs_and_a_rejected_run_writes_nothing(tiny_book, tmp_path):
     src = tiny_book / "notebooks" / "tiny.py"
     runs = tmp_path / "runs"

@@ -107,6 +107,7 @@ def _check_table(table: pd.DataFrame, src: Path, runs: Path, values: list[float]
             assert row["seconds"] == pytest.approx(status["seconds"]) and row["worker"] == status["worker"]
 
 
+@pytest.mark.slow
 def test_sweep_on_the_embedded_local_cluster(fast, tmp_path, capsys):
     runs = tmp_path / "runs"
     assert cli.main(["sweep", str(fast), "-p", "M", "0.5,2,1000", "--workers", "2", "--out", str(runs)]) == 1
@@ -153,6 +154,7 @@ def _kill_a_busy_worker(client: Client, pids: dict[str, int], killed: dict) -> N
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_scheduler_option_a_worker_killed_mid_sweep_and_a_rerun(fast, tmp_path, capsys):
     runs = tmp_path / "runs"
     argv = ["sweep", str(fast), "-p", "M", "0.5,2,1000", "--out", str(runs)]

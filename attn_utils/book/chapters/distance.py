@@ -49,6 +49,7 @@ QUANTITIES = {"distance": "true distance", "expectation": "main sum E", "bound":
 # the paper's Figure 2 draws the true distance green, its expectation blue and the bound red: the same hues here
 QUANTITY_COLOURS = dict(zip(QUANTITIES.values(), (sns.color_palette(figures.PALETTE)[i] for i in (2, 0, 3))))
 TIMED = ("Algorithms 1-2", "Algorithm 3")   # the run-record names under which figure2 times the paper's algorithms
+QUICK_ROWS_PER_OCTAVE = 32  # the row sample that sampling_checks measures when the run itself evaluates every row
 
 
 def one_thread(fn):
@@ -451,32 +452,44 @@ def row_bound_check(weights, x, Ns, *, reading: str, rows_per_octave) -> dict:
 
 def sampling_checks(weights, x, *, N: int, lengths, alpha: float, reading: str, rows_per_octave
                     ) -> tuple[dict, pd.DataFrame]:
-    """How the row sample compares with every row. On the lengths (<= 64) where every row is sampled, the
-    sampled Algorithms 1 and 3 must agree with the full ones (largest relative difference, and critical N
-    equal); at the full length, the relative error of the sampled head means of Algorithm 2 at N on the first
-    and last layers (median and largest over heads, and the error of the mean over those heads). Returns
-    these facts (``m_...`` names) and a table of the median and largest relative error per quantity."""
-    last = weights.shape[0] - 1
-    full = [n for n in lengths if n <= 64 and (rows_per_octave is None or n <= 2 * rows_per_octave)]
+    """How a sample of K query rows per octave compares with every row, K = ``rows_per_octave`` (the run's own
+    sample) or, when the run evaluates every row (None), :data:`QUICK_ROWS_PER_OCTAVE` (the sample a quicker run
+    would take). On the lengths (<= 64) where the sample holds every row, the sampled Algorithms 1 and 3 must agree
+    with the full ones (largest relative difference, and critical N equal); at the full length, the relative error
+    of the sampled head means of Algorithm 2 at N on the first and last layers (median and largest over heads, and
+    the error of the mean over those heads). Returns these facts (``m_...`` names) and a table of the median and
+    largest relative error per quantity."""
+    k = rows_per_octave or QUICK_ROWS_PER_OCTAVE
+    last, L = weights.shape[0] - 1, weights.shape[-1]
+    full = [n for n in lengths if n <= min(64, 2 * k)]
+    rows = len(algorithms.sample_rows(L, k)[0])
     facts = {"m_check_lengths": full or "none of the lengths (all are sampled)", "m_last_layer": last,
-             "m_check_agreement": "not applicable", "m_crit_check": "0 of 0"}
+             "m_check_agreement": "not applicable", "m_crit_check": "0 of 0", "m_sample_k": k,
+             "m_sample_rows": rows, "m_sample_share": 100 * rows / L}
     if full:
         short = (weights[:, :, : full[-1], : full[-1]], x[:, :, : full[-1]])
         sampled, every = (algorithms.distance_vs_length(*short, N=N, lengths=full, reading=reading, progress=False,
-                                                        rows_per_octave=k) for k in (rows_per_octave, None))
+                                                        rows_per_octave=r) for r in (k, None))
         facts["m_check_agreement"] = max(float(((sampled[c] - every[c]) / every[c]).abs().max()) for c in QUANTITIES)
         crit = [algorithms.critical_n(*short, full, critical_grid, alpha=alpha, reading=reading, progress=False,
-                                      rows_per_octave=k).summary["critical_n"].tolist() for k in (rows_per_octave, None)]
+                                      rows_per_octave=r).summary["critical_n"].tolist() for r in (k, None)]
         facts["m_crit_check"] = f"{sum(a == b for a, b in zip(*crit))} of {len(full)}"
     two = (weights[[0, last]], x[[0, last]])
-    sampled, every = (algorithms.distance_vs_n(*two, Ns=[N], reading=reading, progress=False, rows_per_octave=k)
-                      for k in (rows_per_octave, None))
+    sampled, every = (algorithms.distance_vs_n(*two, Ns=[N], reading=reading, progress=False, rows_per_octave=r)
+                      for r in (k, None))
     error = pd.DataFrame({c: ((sampled[c] - every[c]) / every[c]).abs() for c in QUANTITIES})
     facts.update({"m_sample_med": 100 * float(error.median().max()), "m_sample_max": 100 * float(error.max().max()),
                   "m_sample_mean_err": 100 * abs(float(sampled["distance"].mean() / every["distance"].mean()) - 1)})
     table = error.describe().loc[["50%", "max"]].rename(index={"50%": "median relative error",
                                                                "max": "largest relative error"})
     return facts, table
+
+
+def rows_text(rows: int, L: int) -> str:
+    """How many query rows per head the head means average: every one, or a sample (with its share)."""
+    if rows >= L:
+        return f"every query row ({rows} per head)"
+    return f"{rows} sampled query rows per head ({fmt(100 * rows / L)} % of the rows)"
 
 
 def _slope(lengths, values) -> float:
@@ -505,7 +518,7 @@ def figure2_facts(fig2: Figure2, *, N: int, alpha: float, reading: str) -> dict:
     safe = float((both["distance"] <= both["bound"]).mean())
     return {
         "m_N": N, "m_ks_alpha": alpha, "m_reading": reading.replace("_", " "), "m_rows": fig2.rows,
-        "m_rows_share": 100 * fig2.rows / fig2.by_n["L"].iloc[0],
+        "m_rows_text": rows_text(fig2.rows, int(fig2.by_n["L"].iloc[0])),
         "m_L_first": int(by_length.index[0]), "m_L_last": int(by_length.index[-1]),
         "m_d_first": float(by_length["distance"].iloc[0]), "m_d_last": float(by_length["distance"].iloc[-1]),
         "m_e_first": float(by_length["expectation"].iloc[0]), "m_e_last": float(by_length["expectation"].iloc[-1]),
