@@ -464,9 +464,13 @@ claims.record("ch6-jacobians", model="synthetic", **gradient.claim());
 # keys (after rotary embeddings) and values. The logits are the model's own scaled scores,
 # $l=q^\top k\cdot\text{scaling}$, so $T=1$ reproduces the model's softmax and the temperatures of the
 # gradient lens are multiples of the model's own. Query row $t$ (counting from one) sees $t$ keys.
-# To keep the chapter within its time budget we evaluate `rows_per_octave` query rows per octave of
-# positions $[2^k,2^{k+1})$ (all rows of the short octaves), and weight each sampled row by the
-# number of rows it stands for, as {doc}`ch2_distance` does. The window is as long as the longest of
+# We evaluate `rows_per_octave` query rows per octave of positions $[2^k,2^{k+1})$ (all rows of the
+# short octaves) and weight each sampled row by the number of rows it stands for, the estimator that
+# {doc}`ch2_distance` offers as its quicker option. Every row, as there, is out of reach here: the lenses
+# keep the float64 logits of every kept row, for every normalizer compared and over the longer windows
+# of the long-context part, and every row of this window would need about {glue:text}`m_every_row_gib` GiB of memory
+# (`remedies.lens_memory`; a sample that does not fit is refused before the forward pass), its time
+# growing with the rows kept. The window is as long as the longest of
 # $L$ and the long-context lengths (see the last part of the chapter): `Session.longer` cuts it
 # from the same corpus at the same offset, checks it against the model's context, and checks that
 # its first $L$ tokens are the $L$-token window; because the mask is causal, its rows $t\le L$ are

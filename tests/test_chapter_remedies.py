@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import types
 
 import numpy as np
 import pandas as pd
@@ -124,6 +125,25 @@ def model_run():
     geometry = remedies.geometry_model(logits, NAMES, 3, [2, 4])
     gradient = remedies.gradient_model(logits, NAMES, [0.01, 1.0], seed=0)
     return s, logits, lemma, geometry, gradient
+
+
+def test_a_sample_that_would_not_fit_in_memory_is_refused_before_the_forward_pass(model_run, monkeypatch):
+    s, logits, *_ = model_run
+    keys = sum(b.logits.shape[-2] * b.logits.shape[-1] for g in logits.blocks.values() for b in g)
+    need = remedies.LENS_MEMORY * 8 * keys * s.n_layers * logits.n_heads  # the logits this run keeps, and temporaries
+    assert remedies.lens_memory(s.provenance.architecture, L, [LONG], PER_OCTAVE) == need
+    assert float(logits.prose()["m_every_row_gib"]) == pytest.approx(
+        remedies.lens_memory(s.provenance.architecture, L, [LONG], None) / 2**30, rel=1e-2)
+    forward = []
+    monkeypatch.setattr(remedies.capture, "capture", lambda *a, **k: forward.append(1))
+    monkeypatch.setattr(remedies.psutil, "virtual_memory", lambda: types.SimpleNamespace(available=need - 1))
+    with pytest.raises(ValueError, match=r"rows_per_octave=2 over a 64-token window needs about .* GiB of memory is available"):
+        remedies.capture_logits(s, [LONG], PER_OCTAVE)
+    assert not forward
+    monkeypatch.setattr(remedies.psutil, "virtual_memory", lambda: types.SimpleNamespace(available=need))
+    with pytest.raises(Exception):  # it fits: the (stubbed) forward pass runs
+        remedies.capture_logits(s, [LONG], PER_OCTAVE)
+    assert forward
 
 
 def test_captured_logits_are_the_models(model_run):

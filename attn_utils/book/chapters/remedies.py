@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+import psutil
 import seaborn as sns
 import torch
 
@@ -38,6 +39,9 @@ KEEP_RATIO = 0.5        # a rule keeps the planted key: median weight at the lar
 GROWS = 0.5             # d~ "grows" with L if its log-log slope is at least this
 USABLE = 0.1            # usable gradient: median norm at the smallest T >= this x its largest median over the grid
 PAPER_BAND = (0.70, 0.85)  # the paper's separability plateau (Fig. 3)
+# the lenses hold, besides the float64 logits of the sampled rows, temporaries of about twice their size (measured:
+# peak memory grows by 2.9 bytes per byte of logits between 4 and 16 rows per octave on SmolLM2)
+LENS_MEMORY = 3.0
 #: Which rules Lemma 1 or Prop. ch6-prop-still-vanish force to vanish (the others escape, Prop. ch6-prop-escape).
 VANISH_THEORY = {"softmax": True, "softmax1": True, "self_adjust": True, "self_adjust_normalized": True,
                  "ssmax": False, "sparsemax": False, "entmax15": False}
@@ -553,7 +557,9 @@ class ModelLogits:
     def prose(self) -> dict:
         return {"model_name": self.model, "m_L": self.L, "m_Lrun": self.L_run, "m_rows": len(self.main_rows),
                 "m_heads": f"{self.n_layers} layers x {self.n_heads} heads = {self.n_layers * self.n_heads} heads",
-                "m_rows_extra": self.n_extra_rows, "m_err": self.softmax_error, "m_s": fmt(self.s, 4)}
+                "m_rows_extra": self.n_extra_rows, "m_err": self.softmax_error, "m_s": fmt(self.s, 4),
+                "m_every_row_gib": fmt(lens_memory({"n_layers": self.n_layers, "n_heads": self.n_heads}, self.L,
+                                                   self.long_lengths, None) / 2**30)}
 
 
 def capture_logits(session, long_lengths, rows_per_octave, threads: int | None = None) -> ModelLogits:
@@ -565,11 +571,9 @@ def capture_logits(session, long_lengths, rows_per_octave, threads: int | None =
     L = session.L
     long_run = lenses.resolve_long_lengths(long_lengths, L, session.context)  # ValueError names long_lengths
     reader = session.longer(max([L, *long_run]))
-    samples = {Lp: algorithms.sample_rows(Lp, rows_per_octave) for Lp in [L, *long_run]}
-    main = samples[L][0]
-    extra = np.setdiff1d(np.concatenate([samples[Lp][0] for Lp in long_run]), main) if long_run else np.array([], int)
-    row_sets = {"main": main, **({"extra": extra} if len(extra) else {})}
-    groups = {g: algorithms.octave_blocks(rows) for g, rows in row_sets.items()}
+    samples, row_sets, groups = _row_sets(L, long_run, rows_per_octave)
+    main = row_sets["main"]
+    _check_memory(session.provenance.architecture, L, long_run, rows_per_octave)
     stored = {g: [[] for _ in blocks] for g, blocks in groups.items()}
     values, check = [], {"err": 0.0}
 
@@ -596,6 +600,34 @@ def capture_logits(session, long_lengths, rows_per_octave, threads: int | None =
     arch = session.provenance.architecture
     return ModelLogits(session.name, session.context, L, long_run, rows_per_octave, samples, blocks,
                        torch.stack(values), check["err"], int(arch.get("n_kv_heads") or arch["n_heads"]))
+
+
+def _row_sets(L: int, long_run: list[int], rows_per_octave):
+    """The sampled rows of each length (``algorithms.sample_rows``), the rows kept (``main``: t <= L; ``extra``: the
+    further rows of the longer windows) and their blocks of one octave each (``algorithms.octave_blocks``)."""
+    samples = {Lp: algorithms.sample_rows(Lp, rows_per_octave) for Lp in [L, *long_run]}
+    main = samples[L][0]
+    extra = np.setdiff1d(np.concatenate([samples[Lp][0] for Lp in long_run]), main) if long_run else np.array([], int)
+    row_sets = {"main": main, **({"extra": extra} if len(extra) else {})}
+    return samples, row_sets, {g: algorithms.octave_blocks(rows) for g, rows in row_sets.items()}
+
+
+def lens_memory(arch: dict, L: int, long_run: list[int], rows_per_octave) -> float:
+    """Bytes that the lenses need for a row sample: the float64 logits of its (row, key) pairs in every layer and
+    head, times :data:`LENS_MEMORY` for the temporaries."""
+    keys = sum(len(pos) * K for blocks in _row_sets(L, long_run, rows_per_octave)[2].values() for pos, K in blocks)
+    return LENS_MEMORY * 8 * keys * arch["n_layers"] * arch["n_heads"]
+
+
+def _check_memory(arch: dict, L: int, long_run: list[int], rows_per_octave) -> None:
+    """Refuse, before the forward pass, a row sample whose logits and temporaries (:func:`lens_memory`) would not
+    fit in the memory available now: the chapter would otherwise be killed minutes later for want of memory."""
+    need, available = lens_memory(arch, L, long_run, rows_per_octave), psutil.virtual_memory().available
+    if need > available:
+        raise ValueError(f"rows_per_octave={rows_per_octave!r} over a {max([L, *long_run])}-token window needs about "
+                         f"{need / 2**30:.3g} GiB for the logits of its rows and the lenses' temporaries, and "
+                         f"{available / 2**30:.3g} GiB of memory is available; sample fewer rows (a smaller "
+                         f"rows_per_octave) or read a shorter window (long_lengths)")
 
 
 # --- Lens 1 on the model -----------------------------------------------------------------------------------------
