@@ -12,18 +12,23 @@ With ``--baseline REV`` the same calls run on the library of git revision REV (i
 imported as a separate package) on the first ``--layers`` layers, alternately with the working tree's, in this
 process: the ratios of CPU times are what a shared machine measures best. The results also check that both give
 the same numbers (largest relative difference per column, and the critical N per length). Every run of the working
-tree's code is also timed on all layers, with one torch thread and with ``--threads``. Prints a table and writes
+tree's code is also timed on all layers, with one torch thread and with ``--threads``. ``--profile NAME ...``
+profiles those calls with cProfile on the compared layers, baseline and working tree (one thread each): the
+functions that take the most time, by their own time. Prints a table and writes
 ``benchmarks/results/bench_model.json``.
 
-    python benchmarks/bench_model.py [--baseline HEAD] [--layers 2] [--threads 2] [--skip alg4 alg5]
+    python benchmarks/bench_model.py [--baseline HEAD] [--layers 2] [--threads 2] [--skip alg4 alg5] \
+        [--profile "alg3 every row"]
 """
 from __future__ import annotations
 
 import argparse
+import cProfile
 import importlib
 import json
 import os
 import platform
+import pstats
 import re
 import subprocess
 import sys
@@ -85,6 +90,22 @@ def timed(fn, threads: int):
         torch.set_num_threads(previous)
 
 
+def profile(fn, top: int = 12) -> dict:
+    """cProfile of fn() on one torch thread: its total seconds and the ``top`` functions by own time."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    profiler = cProfile.Profile()
+    try:
+        profiler.runcall(fn)
+    finally:
+        torch.set_num_threads(previous)
+    stats = pstats.Stats(profiler)
+    rows = sorted(stats.stats.items(), key=lambda item: -item[1][2])[:top]
+    return {"seconds": stats.total_tt, "functions": [
+        {"function": f"{Path(file).name}:{line}({name})" if line else name, "calls": count, "own s": own,
+         "cumulative s": cumulative} for (file, line, name), (_, count, own, cumulative, _) in rows]}
+
+
 def frames(result) -> list:
     """The DataFrames of an algorithm's result."""
     if isinstance(result, tuple) and not hasattr(result, "_fields"):
@@ -116,6 +137,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2, help="layers of the baseline comparison")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads of the full run")
     parser.add_argument("--skip", nargs="*", default=[], help="calls to leave out (prefix match: alg1, alg3, ...)")
+    parser.add_argument("--profile", nargs="*", default=[], help="calls to profile on the compared layers")
     args = parser.parse_args()
 
     from attn_utils.book.chapters import distance
@@ -146,6 +168,15 @@ def main() -> None:
                                         "differences": differences(new_result, old_result)}
             print(f"{name:18s} {n} layers, 1 thread: baseline {old_time['cpu']:7.1f} s CPU, new "
                   f"{new_time['cpu']:6.1f} s CPU, ratio {old_time['cpu'] / new_time['cpu']:5.2f}", flush=True)
+        for name in args.profile:
+            report.setdefault("profiles", {})[name] = {"layers": n, "baseline": profile(old_calls[name]),
+                                                       "new": profile(new_calls[name])}
+            for side in ("baseline", "new"):
+                prof = report["profiles"][name][side]
+                print(f"profile of {name}, {side}: {prof['seconds']:.1f} s", flush=True)
+                for row in prof["functions"][:8]:
+                    print(f"  {row['own s']:7.2f} s own {row['cumulative s']:7.2f} s cum {row['calls']:8d}  "
+                          f"{row['function']}", flush=True)
     full = calls(algorithms, weights, x, logits, T_model, distance.critical_grid)
     for name in filter(keep, full):
         for threads in sorted({1, args.threads}):

@@ -38,11 +38,12 @@ chapters = None           # None (whole novel) or [first, last]: consecutive cha
 offset = 0                # first token of the window
 L = 128                   # window length (tokens) of the attention map shown below
 seed = 0                  # seed of the synthetic examples
+device = "auto"           # "auto" (a GPU if there is one, else the CPU), "cpu" or "cuda": runs the model and the checks
 
 # %%
 from attn_utils.book.params import validate
 
-_ = validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed)
+_ = validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed, device=device)
 
 # %% tags=["hide-input"]
 import pandas as pd
@@ -181,7 +182,7 @@ figures.glue_figure("fig_ch0_normalizers", setting.weights_figure(weights))
 # that produced it.
 
 # %%
-session = Session.open(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed)
+session = Session.open(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed, device=device)
 table(pd.Series(session.summary()).rename_axis("model and window").reset_index(name="value"))
 
 # %%

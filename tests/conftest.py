@@ -44,7 +44,8 @@ for _name, _value in {
 # --- scheduling on two pytest-xdist workers (`make test`: -n 2 --no-loadscope-reorder) ----------------------------
 
 # tests that share nothing costly with their neighbours: xdist may run each on any worker
-SPREAD = ("tests/test_documented_commands.py::test_documented_run_executes[",)
+SPREAD = ("tests/test_documented_commands.py::test_documented_run_executes[",
+          "tests/test_documented_commands.py::test_documented_courses_are_graded")
 
 
 class ModuleScheduling(LoadScopeScheduling):

@@ -29,7 +29,8 @@ DOCS = ("README.md", "book/rerun.md", "book/teachers.md")
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.M | re.S)
 INLINE = re.compile(r"`([^`]+)`")
 SCALED = {"model": "gpt2-random", "L": 64}
-SIZES = ("n_trials", "n_samples")  # how many random instances: scaled to the small build's, like L
+# how many random instances, and how long the synthetic rows: scaled to the small build's, like L
+SIZES = ("n_trials", "n_samples", "synthetic_lengths")
 
 
 class Command(NamedTuple):
@@ -112,8 +113,8 @@ def runs_of(command: Command) -> list[Run]:
 
 def scaled(run: Run) -> Run:
     """The run with L = 64, model gpt2-random and the small build's :data:`SIZES`, a notebook's other parameters
-    over the small build's."""
-    base = SMALL if run.kind == "notebook" else {}
+    over the small build's (a student copy's: as documented)."""
+    base = SMALL if run.kind == "notebook" else {k: SMALL[k] for k in SIZES}
     sizes = {k: SMALL[k] for k in SIZES if k in run.values}
     return _run(run.kind, run.notebook, {**base, **run.values, **sizes, **SCALED})
 
@@ -170,7 +171,7 @@ def test_commands_are_read_from_code_blocks_and_inline_code():
 def test_the_pages_show_the_commands_this_test_knows():
     shown = {c.argv for c in documented_commands()}
     for argv in [("book", "--params", "L=512 seed=1"), ("book", "--params", "model=gpt2 L=512 seed=3"),
-                 ("run", "ch2_distance", "-p", "N", "10", "-p", "L", "512"),
+                 ("run", "ch2_distance", "-p", "L", "512", "-p", "seed", "1"),
                  ("sweep", "ch4_gradient", "-p", "logit_scale", "raw,model", "-p", "seed", "0,1", "--workers", "2"),
                  ("sweep", "ch2_distance", "-p", "L", "256,512,1024", "--scheduler", "tcp://127.0.0.1:8786"),
                  ("windows",), ("book", "--windows", "runs/windows/windows.json")]:
@@ -210,9 +211,10 @@ def test_runs_are_scaled_and_deduplicated():
     assert todo[ten] == ["", ""]  # made by the sweep and by the run
     teach = executions([Command("x", "", ("student", "--out", "c", "ch1_vanishing", "-p", "L", "100")),
                         Command("y", "", ("grade", "--course", "c", "s/a.ipynb"))])
-    assert teach[_run("student copy", "ch1_vanishing", SCALED)] == [""]  # a course is graded on its first chapter
+    sizes = {k: SMALL[k] for k in SIZES}  # a course's copies run at the small build's synthetic sizes too
+    assert teach[_run("student copy", "ch1_vanishing", {**sizes, **SCALED})] == [""]  # graded on its first chapter
     first = exercises.exercise_notebooks()[0]  # grade's course: graded on its first chapter
-    assert set(teach) == {_run("student copy", s, SCALED) for s in ("ch1_vanishing", first)}
+    assert set(teach) == {_run("student copy", s, {**sizes, **SCALED}) for s in ("ch1_vanishing", first)}
 
 
 # --- the preflight, as documented ------------------------------------------------------------------------------
@@ -254,30 +256,42 @@ def test_documented_commands_that_run_no_notebook(command, capsys):
 # --- the executions ---------------------------------------------------------------------------------------------
 
 TODO = executions(documented_commands())
+NOTEBOOK_RUNS = [r for r in TODO if r.kind == "notebook"]
+STUDENT_COPIES = [r for r in TODO if r.kind == "student copy"]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("run", list(TODO), ids=lambda r: f"{r.kind}:{r.notebook}:{r.parameters}")
+@pytest.mark.parametrize("run", NOTEBOOK_RUNS, ids=lambda r: f"{r.notebook}:{r.parameters}")
 def test_documented_run_executes(run, tmp_path):
-    made_by = "; ".join(TODO[run])
-    if run.kind == "notebook":
-        try:
-            sweep.run_one(build.NOTEBOOK_DIR / f"{run.notebook}.py", run.values, tmp_path, progress=False)
-        except build.NotebookFailed as err:
-            pytest.fail(f"{err} (run by: {made_by})")
-        return
-    course = tmp_path / "course"
-    (released,) = student.write_course(course, [run.notebook], run.values)
-    submission = tmp_path / "submissions" / "alice" / released.name
-    submission.parent.mkdir(parents=True)
-    shutil.copy(released, submission)
-    (row,) = grading.grade(course, [submission], tmp_path / "grades.csv")
-    assert row.status == "graded", f"{row.feedback} (run by: {made_by})"
-    graded = nbformat.read(course / "autograded" / row.student_id / run.notebook / released.name, as_version=4)
-    errors = [(cell.metadata.get("nbgrader", {}), out) for cell in graded.cells for out in cell.get("outputs", [])
-              if out.output_type == "error"]
-    # an unsolved copy runs to the end: only the test cells fail, on the stubs' NotImplementedError
-    assert errors, f"no test cell failed (run by: {made_by})"
-    for meta, out in errors:
-        assert meta.get("grade") and out.ename == "NotImplementedError", \
-            f"{meta.get('grade_id', 'a chapter cell')}: {out.ename}: {out.evalue} (run by: {made_by})"
+    try:
+        sweep.run_one(build.NOTEBOOK_DIR / f"{run.notebook}.py", run.values, tmp_path, progress=False)
+    except build.NotebookFailed as err:
+        pytest.fail(f"{err} (run by: {'; '.join(TODO[run])})")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not STUDENT_COPIES, reason="no documented command writes a course")
+def test_documented_courses_are_graded(tmp_path):
+    """The chapters that the documented courses are graded on, released in one course (each with the parameters of
+    its command) and their unsolved copies graded in one ``grade`` run, as a class's submissions are."""
+    course, submissions = tmp_path / "course", []
+    for run in STUDENT_COPIES:
+        (released,) = student.write_course(course, [run.notebook], run.values)
+        submission = tmp_path / "submissions" / "alice" / released.name
+        submission.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(released, submission)
+        submissions.append(submission)
+    rows = grading.grade(course, submissions, tmp_path / "grades.csv")
+    assert len(rows) == len(STUDENT_COPIES)
+    for run, row in zip(STUDENT_COPIES, rows):
+        made_by = "; ".join(TODO[run])
+        assert row.status == "graded", f"{row.feedback} (run by: {made_by})"
+        graded = nbformat.read(course / "autograded" / row.student_id / run.notebook / f"{run.notebook}.ipynb",
+                               as_version=4)
+        errors = [(cell.metadata.get("nbgrader", {}), out) for cell in graded.cells
+                  for out in cell.get("outputs", []) if out.output_type == "error"]
+        # an unsolved copy runs to the end: only the test cells fail, on the stubs' NotImplementedError
+        assert errors, f"no test cell failed (run by: {made_by})"
+        for meta, out in errors:
+            assert meta.get("grade") and out.ename == "NotImplementedError", \
+                f"{meta.get('grade_id', 'a chapter cell')}: {out.ename}: {out.evalue} (run by: {made_by})"

@@ -13,7 +13,7 @@ from typing import Iterable
 import torch
 
 from attn_utils.book import runlog
-from attn_utils.models.capture import FIELDS, AttentionCapture, LayerCapture, capture_all
+from attn_utils.models.capture import AttentionCapture, LayerCapture, capture_all
 from attn_utils.models.corpus import Corpus, load_text, token_windows
 from attn_utils.models.loading import load_model
 from attn_utils.book.params import validate
@@ -36,8 +36,10 @@ class Session:
     def open(cls, *, model: str = "auto", corpus: str = "war-and-peace", chapters=None, offset: int = 0,
              L: int = 1024, seed: int = 0, device: str = "auto") -> "Session":
         """Load ``model`` on ``device`` (``"auto"``: the GPU when there is one, else the CPU) and the window of ``L``
-        tokens of ``corpus`` starting at token ``offset``. The forward passes run on that device; the captured
-        tensors are handed to the analysis on the CPU (float64 where a bound is checked)."""
+        tokens of ``corpus`` starting at token ``offset``. The forward passes run on that device, and the captured
+        tensors stay there: the analysis (``attn_utils.mathematics``, which makes every tensor on the device of its
+        inputs) runs there too, in float64 where a bound is checked; tables and figures read them through
+        ``.cpu()``."""
         validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed, device=str(device))
         net, tokenizer, prov = load_model(model, device=device, seed=seed)
         prov.start()
@@ -100,14 +102,11 @@ class Session:
         ``softmax(logits * scaling + mask)`` gives the model's weights."""
         validate(logit_scale=logit_scale)
         captured = capture_all(self.model, self.input_ids, layers=layers, dtype=dtype, what=what)
-        # the forward pass ran on the session's device; the captured tensors are analysed on the CPU
-        captured = replace(captured, **{f: getattr(captured, f).cpu() for f in ("scaling", *FIELDS)
-                                        if getattr(captured, f) is not None})
         if logit_scale == "raw":
             return captured
         logits = captured.logits
         if logits is not None:
-            logits = logits * captured.scaling.to(logits.dtype).view(-1, 1, 1, 1)
+            logits = logits * captured.scaling.to(logits).view(-1, 1, 1, 1)  # on the logits' device and dtype
         return replace(captured, logits=logits, scaling=torch.ones_like(captured.scaling))
 
     def capture_layer(self, layer: int, *, what: Iterable[str] = ("weights",),

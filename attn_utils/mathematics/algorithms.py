@@ -91,14 +91,14 @@ def _mask(mask, attention: torch.Tensor) -> torch.Tensor:
     """The visibility per layer: a (heads, L, L) view for each layer index."""
     L = attention.shape[-1]
     if mask is None:
-        return causal_mask(L).expand(attention.shape)
+        return causal_mask(L, device=attention.device).expand(attention.shape)
     mask = as_tensor("mask", mask)
     if mask.dtype != torch.bool or mask.shape not in {(L, L), attention.shape}:
         raise ValueError(
             f"mask must be a boolean tensor of shape (L, L) = ({L}, {L}) or {tuple(attention.shape)}, "
             f"got {mask.dtype} {tuple(mask.shape)}"
         )
-    return mask.expand(attention.shape)
+    return mask.to(attention.device).expand(attention.shape)
 
 
 def _length(L, attention: torch.Tensor) -> int:
@@ -161,7 +161,7 @@ def _frame(layer: int, grid: dict, values: dict) -> dict[str, np.ndarray]:
     heads = len(next(iter(values.values())))
     return {"layer": np.full(heads, layer), "head": np.arange(heads),
             **{k: np.full(heads, v) for k, v in grid.items()},
-            **{k: np.asarray(v, dtype=float) for k, v in values.items()}}
+            **{k: np.asarray(v.cpu() if torch.is_tensor(v) else v, dtype=float) for k, v in values.items()}}
 
 
 def _concat(frames: list[dict], order: list[str]) -> pd.DataFrame:
@@ -173,9 +173,9 @@ def _concat(frames: list[dict], order: list[str]) -> pd.DataFrame:
 class _RowMeans:
     """Per-head sums and counts of per-row quantities over valid rows, block by block."""
 
-    def __init__(self, heads: int, names: tuple[str, ...]):
-        self.sums = {n: torch.zeros(heads, dtype=torch.float64) for n in names}
-        self.counts = {n: torch.zeros(heads, dtype=torch.float64) for n in names}
+    def __init__(self, heads: int, names: tuple[str, ...], device=None):
+        self.sums = {n: torch.zeros(heads, dtype=torch.float64, device=device) for n in names}
+        self.counts = {n: torch.zeros(heads, dtype=torch.float64, device=device) for n in names}
 
     def add(self, name: str, values: torch.Tensor, valid: torch.Tensor, weight: torch.Tensor | None = None) -> None:
         """Add the valid rows of ``values`` (heads, R); ``weight`` (R,): how many rows each one stands for."""
@@ -207,9 +207,10 @@ def _distance_rows(w, xs, visible, need: dict, reading: str, farthest=None, expe
     the block's rows from the first one that is wanted and sees more than N keys to the last wanted one."""
     heads, R, L = w.shape
     names = ("distance",) + (("expectation",) if expectation else ()) + (("bound",) if farthest is not None else ())
-    out = {N: ({n: w.new_zeros(heads, R) for n in names}, torch.zeros(heads, R, dtype=torch.bool)) for N in need}
+    out = {N: ({n: w.new_zeros(heads, R) for n in names}, torch.zeros(heads, R, dtype=torch.bool, device=w.device))
+           for N in need}
     lengths = visible.sum(-1, keepdim=True)  # (heads, R, 1)
-    longest_row = lengths.amax(0).squeeze(-1).numpy()  # (R,): the most keys any head's row sees
+    longest_row = lengths.amax(0).squeeze(-1).cpu().numpy()  # (R,): the most keys any head's row sees
     x2 = xs.square().sum(-1).unsqueeze(-2)
     longest = x2.amax(-1, keepdim=True).sqrt()  # (heads, 1, 1): the largest norm
     if farthest is not None:
@@ -237,7 +238,7 @@ def _distance_rows(w, xs, visible, need: dict, reading: str, farthest=None, expe
             at = np.flatnonzero(wanted[N])
             rs = slice(int(at[0]), int(at[-1]) + 1)  # block rows rs.start.. are rows rows.start + rs.start..
             sw, sv, sl = wb[:, rs], vb[:, rs], lb[:, rs]
-            valid = (sl.squeeze(-1) > N) & torch.from_numpy(need[N][rows][rs])
+            valid = (sl.squeeze(-1) > N) & torch.from_numpy(need[N][rows][rs]).to(sl.device)
             top, s = _top_set(scores[:, rs], ranked[:, rs], order[:, rs], context[:, rs], sw, xb, valid, N)
             sel, keys = None, top
             if farthest is not None or reading != "sum_of_norms" or 8 * N > k:  # the set as a mask
@@ -296,15 +297,15 @@ def _fixed_bound(w, sel, outside, valid, keys, ranked, N: int, xu, unit, norms, 
     return bound
 
 
-def _row_weights(pairs, samples, union: np.ndarray) -> dict:
+def _row_weights(pairs, samples, union: np.ndarray, device) -> dict:
     """For each (L, N) of ``pairs``: the weight (R,) of each row of ``union`` in the head means at L (the rows of
-    ``samples[L]`` with their weights, 0 elsewhere)."""
+    ``samples[L]`` with their weights, 0 elsewhere), on ``device``."""
     out = {}
     for L, N in pairs:
         rows, weight = samples[L]
         full = np.zeros(len(union))
         full[np.searchsorted(union, rows)] = weight
-        out[L, N] = torch.as_tensor(full)
+        out[L, N] = torch.as_tensor(full, device=device)
     return out
 
 
@@ -322,10 +323,10 @@ def _distance_table(weights, x, pairs, mask, reading, with_bound, progress, desc
     lengths = sorted({L for L, _ in pairs})
     samples = {L: sample_rows(L, rows_per_octave) for L in lengths}
     union = np.unique(np.concatenate([r for r, _ in samples.values()]))
-    at = torch.as_tensor(union)
-    row_weight = _row_weights(pairs, samples, union)
+    at = torch.as_tensor(union, device=weights.device)
+    row_weight = _row_weights(pairs, samples, union, weights.device)
     # whether any row t of some length L sees a key >= L (then that length's rows differ from the full window's)
-    beyond = torch.zeros(len(union), lengths[-1], dtype=torch.bool)
+    beyond = torch.zeros(len(union), lengths[-1], dtype=torch.bool, device=weights.device)
     for L in lengths:
         beyond[union < L, L:] = True
 
@@ -346,7 +347,7 @@ def _distance_table(weights, x, pairs, mask, reading, with_bound, progress, desc
         for group, wg, xg, vg, far in groups:
             need = {}
             for L, N in group:
-                need[N] = need.get(N, np.zeros(len(union), dtype=bool)) | (row_weight[L, N] > 0).numpy()
+                need[N] = need.get(N, np.zeros(len(union), dtype=bool)) | (row_weight[L, N] > 0).cpu().numpy()
             per_row = _distance_rows(wg, xg, vg, need, reading, far)
             for L, N in group:
                 values, valid = per_row[N]
@@ -457,7 +458,7 @@ def theorem1_row_check(weights, x, Ns, tol: float = 1e-9, mask=None, reading: st
         rows_per_octave = check_int("rows_per_octave", rows_per_octave, low=1)
     L = weights.shape[-1]
     Ns = _grid("Ns", Ns, low=1, high=L - 1)
-    rows = torch.as_tensor(sample_rows(L, rows_per_octave)[0])
+    rows = torch.as_tensor(sample_rows(L, rows_per_octave)[0], device=weights.device)
     visible_all = _mask(mask, weights)
     need = {N: np.ones(len(rows), dtype=bool) for N in Ns}
 
@@ -505,7 +506,7 @@ def separability_vs_n(weights, x, Ns=(1, 2, 4, 8, 16, 32, 64, 100), M: float = 1
         xs = metrics._project(xs, M).contiguous()
         delta = metrics.min_pairwise_distance(xs).unsqueeze(-1)
         longest = xs.norm(dim=-1).amax(-1).view(-1, 1, 1)  # M, or 0 for a head of zero vectors
-        acc = {N: _RowMeans(w.shape[0], ("separability", "lower", "upper")) for N in Ns}
+        acc = {N: _RowMeans(w.shape[0], ("separability", "lower", "upper"), w.device) for N in Ns}
         for rows, k in metrics._row_blocks(visible, _DISTANCE_BLOCK):
             live = [N for N in Ns if N < k]  # the others: every row of the block sees <= N keys
             if not live:

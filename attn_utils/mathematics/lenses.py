@@ -87,13 +87,12 @@ def row_stats(weights, mask=None) -> dict[str, torch.Tensor]:
     w = _rows("weights", weights).to(torch.float64)
     if not torch.isfinite(w).all():
         raise ValueError("weights must be finite (found NaN or inf)")
-    visible = metrics._visible(mask, w.shape)
+    visible = metrics._visible(mask, w)
     a = w.abs()
     seen = visible.any(-1)
-    nan = torch.tensor(torch.nan, dtype=torch.float64)
     return {
-        "max": torch.where(seen, torch.where(visible, a, -torch.inf).amax(-1), nan),
-        "min": torch.where(seen, torch.where(visible, a, torch.inf).amin(-1), nan),
+        "max": torch.where(seen, torch.where(visible, a, -torch.inf).amax(-1), torch.nan),
+        "min": torch.where(seen, torch.where(visible, a, torch.inf).amin(-1), torch.nan),
         "mass": torch.where(visible, w, 0.0).sum(-1),
         "support": (visible & (w != 0)).sum(-1),
         "length": visible.sum(-1),
@@ -230,13 +229,12 @@ def geometry(weights, x, N, mask=None, *, sphere=None, M: float = 1.0, keys: boo
     w = w.expand(*lead, R, L)
     # contiguous once (a view of a longer window is not), so that the sums over the sets read them without copies
     xs, sph = xs.expand(*lead, *xs.shape[-2:]).contiguous(), sph.expand(*lead, *sph.shape[-2:]).contiguous()
-    visible = metrics._visible(mask, w.shape)
+    visible = metrics._visible(mask, w)
     single = not isinstance(N, (list, tuple))
     Ns = [N] if single else list(N)
     dist_w = metrics._weights(distribution)
     Ns = [metrics._top_n_count(n, dist_w) for n in Ns]
-    tops = metrics._top_ns(dist_w, metrics._visible(mask, dist_w.shape), Ns, keys=True)  # one sort for every N
-    nan = torch.tensor(torch.nan, dtype=torch.float64)
+    tops = metrics._top_ns(dist_w, metrics._visible(mask, dist_w), Ns, keys=True)  # one sort for every N
     x2, sph2 = xs.square().sum(-1).unsqueeze(-2), sph.square().sum(-1).unsqueeze(-2)  # once for every N and block
     longest_x, longest_s = x2.amax(-1, keepdim=True).sqrt(), sph2.amax(-1, keepdim=True).sqrt()
     mass = m.expand(*lead, R).unsqueeze(-1)
@@ -259,7 +257,7 @@ def geometry(weights, x, N, mask=None, *, sphere=None, M: float = 1.0, keys: boo
                 out_b * longest_s)
             if keys:  # the selected keys strictly inside the ball, on valid rows
                 separated[..., rows, :k].scatter_(-1, keys_b, inside & valid[..., rows, None])
-        out[n] = Geometry(torch.where(valid, distance, nan), torch.where(valid, ratio, nan), selected, separated,
+        out[n] = Geometry(torch.where(valid, distance, torch.nan), torch.where(valid, ratio, torch.nan), selected, separated,
                           valid)
     return out[N] if single else out
 
@@ -290,7 +288,7 @@ def _jacobian_parts(logits, name: str, mask, T: float, s: float):
         raise ValueError(f"normalizer {name!r} has no closed-form Jacobian; those with one: {list(registry.COMPARED)}")
     l = _rows("logits", logits).to(torch.float64)
     T, s = check_positive("T", T), check_positive("s", s)
-    return jac, jac.parts(l, metrics._visible(mask, l.shape), T, s)
+    return jac, jac.parts(l, metrics._visible(mask, l), T, s)
 
 
 def jvp(logits, v, name: str, *, mask=None, T: float = 1.0, s: float = 1.0) -> torch.Tensor:
@@ -313,7 +311,7 @@ def jvp(logits, v, name: str, *, mask=None, T: float = 1.0, s: float = 1.0) -> t
         v = v.expand(parts.a.shape)
     except RuntimeError:
         raise ValueError(f"v of shape {tuple(v.shape)} does not broadcast to logits {tuple(parts.a.shape)}") from None
-    v = torch.where(metrics._visible(mask, parts.a.shape), v, 0.0)
+    v = torch.where(metrics._visible(mask, parts.a), v, 0.0)
     if not torch.isfinite(v).all():
         raise ValueError("v must be finite at visible keys (found NaN or inf)")
     return parts.scale * jac.jvp(parts, v)
@@ -413,11 +411,10 @@ def coverage(selected, separated, valid, N: int, n_perm: int = 0, generator=None
     expected = torch.where(union, 1.0 - miss, 0.0).sum(-1)
     p = (k.to(torch.float64) / N).mean(-2)
     paper = 1.0 - (1.0 - p) ** H
-    nan = torch.tensor(torch.nan, dtype=torch.float64)
     n_union = union.sum(-1)
     null = _coverage_null(sel, sep, union, ok, N, n_perm, generator)
     return CoverageResult(union=torch.where(ok, n_union, 0), covered=torch.where(ok, covered, 0),
-                          expected=torch.where(ok, expected, nan), paper=torch.where(ok, paper, nan),
+                          expected=torch.where(ok, expected, torch.nan), paper=torch.where(ok, paper, torch.nan),
                           separated=torch.where(ok.unsqueeze(-2), k, 0), null=null, valid=ok)
 
 
@@ -425,7 +422,7 @@ def _coverage_null(sel, sep, union, ok, N: int, n_perm: int, generator) -> torch
     """Totals covered (summed over valid rows) under within-head shuffles, shape (n_perm, ...)."""
     lead = sel.shape[:-3]
     if n_perm == 0:
-        return torch.zeros((0, *lead), dtype=torch.float64)
+        return torch.zeros((0, *lead), dtype=torch.float64, device=sel.device)
     H, R, L = sel.shape[-3:]
     # positions of each head's N selected keys (index order), on valid rows; dummy 0..N-1 elsewhere
     order = torch.sort(sel.to(torch.int8), dim=-1, descending=True, stable=True).indices[..., :N]  # (..., H, R, N)
@@ -435,14 +432,16 @@ def _coverage_null(sel, sep, union, ok, N: int, n_perm: int, generator) -> torch
     width = max(1, int(union.sum(-1).max()))
     pos = pos.movedim(-3, -2).reshape(*lead, R, H * N)
     rows_ok = ok.to(torch.float64)
-    out = torch.empty((n_perm, *lead), dtype=torch.float64)
+    out = torch.empty((n_perm, *lead), dtype=torch.float64, device=sel.device)
     per_draw = max(1, _CHUNK // max(1, sep_sel.numel()))
     for p0 in range(0, n_perm, per_draw):
         P = min(per_draw, n_perm - p0)
-        keys = torch.rand((P, *sep_sel.shape), generator=generator, dtype=torch.float64)
+        # drawn where the generator draws (the CPU: the same shuffles on every device)
+        keys = torch.rand((P, *sep_sel.shape), generator=generator, dtype=torch.float64,
+                          device=metrics._draws(generator)).to(sel.device)
         shuffled = sep_sel.unsqueeze(0).expand(P, *sep_sel.shape).gather(-1, metrics._argsort(keys))
         shuffled = shuffled.movedim(-3, -2).reshape(P, *lead, R, H * N).to(torch.float64)
-        hits = torch.zeros((P, *lead, R, width), dtype=torch.float64)
+        hits = torch.zeros((P, *lead, R, width), dtype=torch.float64, device=sel.device)
         hits.scatter_add_(-1, pos.unsqueeze(0).expand(P, *pos.shape), shuffled)
         out[p0:p0 + P] = ((hits > 0).sum(-1).to(torch.float64) * rows_ok).sum(-1)
     return out
@@ -475,7 +474,7 @@ def association_from_counts(n11, n10, n01, n00) -> dict[str, torch.Tensor]:
     denominator = (n11 + n10) * (n01 + n00) * (n11 + n01) * (n10 + n00)
     phi = torch.where(denominator > 0, (n11 * n00 - n10 * n01) / denominator.clamp(min=1e-300).sqrt(), torch.nan)
     stat = n * phi ** 2
-    pvalue = torch.from_numpy(chi2.sf(stat.numpy(), 1)).to(torch.float64)
+    pvalue = torch.from_numpy(chi2.sf(stat.cpu().numpy(), 1)).to(torch.float64).to(stat.device)
     return {"n": n, "phi": phi, "chi2": stat, "pvalue": pvalue}
 
 

@@ -73,11 +73,11 @@ def _weights(weights) -> torch.Tensor:
     return Rows.of(weights).weights
 
 
-def _visible(mask, shape: torch.Size) -> torch.Tensor:
-    """The mask as a view of ``shape``; None means every key is visible."""
+def _visible(mask, like: torch.Tensor) -> torch.Tensor:
+    """The mask as a view of the shape of ``like``, on its device; None means every key is visible."""
     if mask is None:
-        return torch.ones((), dtype=torch.bool).expand(shape)
-    return bool_view("mask", mask, shape)
+        return torch.ones((), dtype=torch.bool, device=like.device).expand(like.shape)
+    return bool_view("mask", mask, like.shape).to(like.device)
 
 
 def _top_n_count(N, weights: torch.Tensor) -> int:
@@ -207,8 +207,10 @@ def _select(scores: torch.Tensor, ranked: torch.Tensor, valid: torch.Tensor,
 
 
 def _argsort(t: torch.Tensor) -> torch.Tensor:
-    """t.argsort(-1) of a CPU tensor through numpy's sort, two to six times faster than torch's (order among ties:
-    any)."""
+    """t.argsort(-1) (order among ties: any); on the CPU through numpy's sort, two to six times faster than
+    torch's."""
+    if t.device.type != "cpu":
+        return t.argsort(-1)
     return torch.from_numpy(np.argsort(t.contiguous().numpy(), axis=-1))
 
 
@@ -314,7 +316,7 @@ def _weighted_sum(x: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor) ->
     L, d = x.shape[-2:]
     B, (R, n) = math.prod(lead), keys.shape[-2:]
     flat = x.expand(*lead, L, d).reshape(B * L, d)
-    at = (keys.expand(*lead, R, n).reshape(B, R, n) + torch.arange(B).view(B, 1, 1) * L).view(B * R, n)
+    at = (keys.expand(*lead, R, n).reshape(B, R, n) + torch.arange(B, device=x.device).view(B, 1, 1) * L).view(B * R, n)
     out = F.embedding_bag(at, flat, mode="sum", per_sample_weights=weights.expand(*lead, R, n).reshape(B * R, n))
     return out.view(*lead, R, d)
 
@@ -336,10 +338,18 @@ def _project(x: torch.Tensor, M: float) -> torch.Tensor:
     return x.mul_(M).div_(torch.where(norm > 0, norm, 1.0))
 
 
+def _draws(generator) -> torch.device:
+    """Where random numbers are drawn: on the generator's device (the CPU for None, torch's default generator)."""
+    return generator.device if generator is not None else torch.device("cpu")
+
+
 def _directions(visible: torch.Tensor, generator) -> torch.Tensor:
     """Normalised standard normal draws, one per key (the masked keys' draws are set to 0, so that the seeded
-    stream, and the book's directions, do not depend on the mask)."""
-    z = torch.randn(visible.shape, generator=generator, dtype=torch.float64).masked_fill_(~visible, 0.0)
+    stream, and the book's directions, do not depend on the mask). Drawn where ``generator`` draws (the book's
+    generators are CPU ones, so every device gets the same directions), then moved to the device of ``visible``."""
+    z = torch.randn(visible.shape, generator=generator, dtype=torch.float64, device=_draws(generator))
+    z = z.to(visible.device)
+    z.masked_fill_(~visible, 0.0)
     return z / torch.linalg.vector_norm(z, dim=-1, keepdim=True)
 
 
@@ -383,7 +393,7 @@ def _fd_gradients(logits, v, visible, Ts, epsilons) -> torch.Tensor:
     for a, T in enumerate(Ts):
         for b, eps in enumerate(epsilons):
             pairs.setdefault(eps / T, []).append((a, b))
-    eps = torch.tensor(epsilons, dtype=logits.dtype).view(-1, *(1,) * (logits.ndim - 1))
+    eps = torch.tensor(epsilons, dtype=logits.dtype, device=logits.device).view(-1, *(1,) * (logits.ndim - 1))
     for rows, k in _row_blocks(visible, _GRADIENT_BLOCK):
         lb = logits[..., rows, :k].masked_fill(~visible[..., rows, :k], -torch.inf)
         vb = v[..., rows, :k]
@@ -464,10 +474,11 @@ def expected_distance_mc(weights, x, N: int, mask=None, n_samples: int = 256, ge
     n_samples = check_int("n_samples", n_samples, low=1)
     check_choice("reading", reading, READINGS)
     xs, c = unit_scale(rows.x)
-    total = torch.zeros(w.shape[:-1], dtype=torch.float64)
-    for _ in range(n_samples):
-        scores = torch.rand(w.shape, generator=generator, dtype=torch.float64).masked_fill_(~visible, -1.0)
-        subset = torch.zeros(w.shape, dtype=torch.bool).scatter_(-1, torch.topk(scores, N, dim=-1).indices, True)
+    total = w.new_zeros(w.shape[:-1])
+    for _ in range(n_samples):  # drawn where the generator draws (the CPU: the same on every device)
+        scores = torch.rand(w.shape, generator=generator, dtype=torch.float64, device=_draws(generator)).to(w.device)
+        scores.masked_fill_(~visible, -1.0)
+        subset = torch.zeros_like(visible).scatter_(-1, torch.topk(scores, N, dim=-1).indices, True)
         total += _cumulative_distance(w, xs, subset & visible, visible, reading)
     return (total / n_samples * c.unsqueeze(-1)).masked_fill_(_lengths(visible) <= N, torch.nan)
 
@@ -527,7 +538,7 @@ def min_pairwise_distance(x) -> torch.Tensor:
     slack = 8 * (d + 2) * torch.finfo(torch.float64).eps * sq.amax(-1)
     head, i, j = (gram <= (gram.amin((-2, -1)) + slack)[:, None, None]).nonzero(as_tuple=True)
     exact = torch.linalg.vector_norm(x[head, i] - x[head, j], dim=-1)
-    out = torch.full((x.shape[0],), torch.inf, dtype=torch.float64).scatter_reduce_(0, head, exact, "amin")
+    out = x.new_full((x.shape[0],), torch.inf).scatter_reduce_(0, head, exact, "amin")
     return (out * c).reshape(lead)
 
 
@@ -558,7 +569,7 @@ def finite_difference_gradient(logits, T: float, eps: float, mask=None, generato
                          f"got shape {tuple(l.shape)}")
     check_keys("logits", l)
     T, eps = check_positive("T", T), check_positive("eps", eps)
-    visible = _visible(mask, l.shape)
+    visible = _visible(mask, l)
     if mask is not None:
         check_visible_rows("mask", visible)
     if not (torch.isfinite(l) | ~visible).all():

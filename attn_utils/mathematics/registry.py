@@ -85,7 +85,7 @@ def _symmetric_matrix(a: torch.Tensor, total: torch.Tensor | None) -> torch.Tens
 
 
 def _scale(l: torch.Tensor, T: float) -> torch.Tensor:
-    return torch.full((*l.shape[:-1], 1), 1.0 / T, dtype=torch.float64)
+    return torch.full((*l.shape[:-1], 1), 1.0 / T, dtype=torch.float64, device=l.device)
 
 
 def _weights_parts(name: str) -> Callable[..., Parts]:
@@ -149,7 +149,7 @@ def _normalized_jvp(p: Parts, v: torch.Tensor) -> torch.Tensor:
 
 def _normalized_matrix(p: Parts) -> torch.Tensor:
     e = p.extra
-    eye = torch.eye(p.a.shape[-1], dtype=torch.float64)
+    eye = torch.eye(p.a.shape[-1], dtype=torch.float64, device=p.a.device)
     span = e["span"].unsqueeze(-1)
     df = ((eye - e["dlo"].unsqueeze(-2)) / span
           - (e["z"] - e["lo"]).unsqueeze(-1) * (e["dhi"] - e["dlo"]).unsqueeze(-2) / span ** 2)

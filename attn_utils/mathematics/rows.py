@@ -20,11 +20,12 @@ from attn_utils.mathematics.validation import as_tensor, broadcasts_to, check_ke
 SUM_ATOL = 1e-5
 
 
-def float_tensor(name: str, value) -> torch.Tensor:
-    """Tensors and arrays keep a floating dtype; Python numbers, lists and integer data become float64."""
+def float_tensor(name: str, value, device=None) -> torch.Tensor:
+    """Tensors and arrays keep a floating dtype; Python numbers, lists and integer data become float64 (on
+    ``device``: the CPU by default)."""
     if not isinstance(value, torch.Tensor) and not hasattr(value, "dtype"):
         try:
-            value = torch.as_tensor(value, dtype=torch.float64)
+            value = torch.as_tensor(value, dtype=torch.float64, device=device or "cpu")
         except (TypeError, ValueError, RuntimeError):
             raise ValueError(f"{name} must be an array or tensor of numbers, got {type(value).__name__}") from None
     t = as_tensor(name, value)
@@ -48,9 +49,9 @@ def unit_scale(x: torch.Tensor, dims: int = 2) -> tuple[torch.Tensor, torch.Tens
     homogeneous of degree 1 in x, so it is computed on x / c and multiplied by c."""
     lead = x.shape[: x.ndim - dims]
     if x.numel() == 0:
-        return x, torch.ones(lead, dtype=x.dtype)
+        return x, torch.ones(lead, dtype=x.dtype, device=x.device)
     _, e = torch.frexp(x.abs().amax(tuple(range(x.ndim - dims, x.ndim))))
-    c = torch.ldexp(torch.ones(e.shape, dtype=x.dtype), torch.where(e == 0, 1, e) - 1)  # e = 0: max < 1, c = 1
+    c = torch.ldexp(torch.ones(e.shape, dtype=x.dtype, device=x.device), torch.where(e == 0, 1, e) - 1)  # e = 0: max < 1, c = 1
     return x / c.reshape(*lead, *(1,) * dims), c
 
 
@@ -97,7 +98,8 @@ class Rows:
             w = w.to(dtype)
         if sums_to_one:
             check_rows_sum_to_one("weights", w, atol=SUM_ATOL)
-        visible = torch.ones((), dtype=torch.bool).expand(w.shape) if mask is None else bool_view("mask", mask, w.shape)
+        visible = (torch.ones((), dtype=torch.bool, device=w.device).expand(w.shape) if mask is None
+                   else bool_view("mask", mask, w.shape).to(w.device))
         return cls(w, visible, xs, mask is not None)
 
     def lengths(self) -> torch.Tensor:

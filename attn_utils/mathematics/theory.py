@@ -201,7 +201,7 @@ def _visible_rows(rows: _Rows, bs: slice, rs: slice) -> tuple[torch.Tensor, torc
     """Validated weights of heads bs, rows rs (zero at masked keys), and their visibility."""
     w = rows.weights[bs, rs]
     vis = torch.ones_like(w, dtype=torch.bool) if rows.mask is None else rows.mask[bs, rs]
-    return _check_distribution("weights", torch.where(vis, w, torch.zeros((), dtype=w.dtype))), vis
+    return _check_distribution("weights", torch.where(vis, w, 0.0)), vis
 
 
 def _chunked(n_heads: int, n_rows: int, row_cost: int, fn: Callable[[slice, slice], object]):
@@ -246,9 +246,9 @@ def _compact(sel: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The indices of the (at most n) True entries of each row of ``sel`` (..., L), in increasing order,
     as (..., n), padded with the row's first index; and which entries are real. O(L) per row."""
     slot = torch.where(sel, sel.cumsum(-1) - 1, n)  # n: a scratch slot for the False entries
-    keys = torch.arange(sel.shape[-1]).expand(sel.shape)
-    idx = torch.zeros(*sel.shape[:-1], n + 1, dtype=torch.long).scatter_(-1, slot, keys)[..., :n]
-    real = torch.arange(n) < sel.sum(-1, keepdim=True)
+    keys = torch.arange(sel.shape[-1], device=sel.device).expand(sel.shape)
+    idx = torch.zeros(*sel.shape[:-1], n + 1, dtype=torch.long, device=sel.device).scatter_(-1, slot, keys)[..., :n]
+    real = torch.arange(n, device=sel.device) < sel.sum(-1, keepdim=True)
     return torch.where(real, idx, idx[..., :1]), real
 
 
@@ -333,7 +333,7 @@ def corollary1_bounds(q, k, T: float, mask=None) -> Bounds:
         kmax, L_r = kn.amax(-1, keepdim=True), torch.full_like(qn, k.shape[-2])
     else:
         mask = check_visible_rows("mask", bool_view("mask", mask, torch.Size((*batch, q.shape[-2], k.shape[-2]))))
-        kmax = torch.where(mask, kn.unsqueeze(-2), torch.zeros((), dtype=dtype)).amax(-1)
+        kmax = torch.where(mask.to(kn.device), kn.unsqueeze(-2), 0.0).amax(-1)
         L_r = mask.sum(-1).to(dtype)
     spread = torch.exp(2 * qn * kmax / T)
     return Bounds(1 / (spread * L_r), spread / L_r)
@@ -466,7 +466,7 @@ def _max_cross_sq_distance(x, far: FarthestKeys, unit, heads, idx, valid, unsel)
     if unsel.shape[-1] < far.levels[-1]:  # unsel may stop at the last visible key; the lists index up to L
         unsel = torch.nn.functional.pad(unsel, (0, far.levels[-1] - unsel.shape[-1]))
     last = unsel.shape[-1] - unsel.flip(-1).to(torch.int8).argmax(-1)  # 1 + the last key in U
-    level = torch.bucketize(torch.maximum(last, idx.amax(-1) + 1), torch.tensor(far.levels))
+    level = torch.bucketize(torch.maximum(last, idx.amax(-1) + 1), torch.tensor(far.levels, device=idx.device))
     for a, K in enumerate(far.levels):
         rows = (level == a).nonzero().squeeze(-1)
         if not len(rows):
@@ -544,7 +544,7 @@ def theorem1_fixed_bound(weights, x, selected, mask=None, *, farthest: FarthestK
     n_max = int(n_sel.max()) if n_sel.numel() else 0
     L = rows.x.shape[-2]
     norms = rows.x.norm(dim=-1)  # (B, L)
-    zero = torch.zeros((), dtype=rows.x.dtype)
+    zero = rows.x.new_zeros(())
 
     def chunk(bs: slice, rs: slice) -> torch.Tensor:
         w, vis = _visible_rows(rows, bs, rs)
@@ -563,7 +563,7 @@ def theorem1_fixed_bound(weights, x, selected, mask=None, *, farthest: FarthestK
         if has_u.any():
             b, r = has_u.nonzero(as_tuple=True)
             idx, valid = _compact(s_c[b, r], n_max)
-            heads = torch.arange(bs.start, bs.start + w.shape[0])[b]
+            heads = torch.arange(bs.start, bs.start + w.shape[0], device=w.device)[b]
             d1[b, r] = _sqrt0(_max_cross_sq_distance(rows.x, far, unit, heads, idx, valid, unsel[b, r]))
         n_unsel = unsel.sum(-1).to(w.dtype)
         return rest * d1 + m_sel * (abar * n_unsel - rest)
@@ -580,7 +580,7 @@ def _random_setting_terms(rows: _Rows, N: int, bs: slice, rs: slice):
     m, xm, sq, mm = _mean_vector_terms(w, rows.x[bs])
     L_r = vis.sum(-1).to(w.dtype)
     n_r = L_r.clamp(max=N)
-    c = torch.where(L_r > N, N / (L_r - 1).clamp_min(1), torch.zeros((), dtype=w.dtype))
+    c = torch.where(L_r > N, N / (L_r - 1).clamp_min(1), 0.0)
     return w, vis, m, xm, sq, mm, L_r, n_r, c
 
 
@@ -599,7 +599,7 @@ def _main_sum(wsq, wxm, mm, vis, lengths, N: int, hidden: int = 0) -> torch.Tens
     serve several N) and the row lengths L_r (b, r, 1), without validation. With c = N / (L_r - 1):
     ||(1 + c) alpha_i x_i - c m||^2 = (1 + c)^2 alpha_i^2 |x_i|^2 - 2 c (1 + c) alpha_i <x_i, m> + c^2 |m|^2.
     ``hidden``: every key before it is visible in every row (so only the keys from there on are masked)."""
-    zero = torch.zeros((), dtype=wsq.dtype)
+    zero = wsq.new_zeros(())
     L_r = lengths.to(wsq.dtype)
     c = torch.where(L_r > N, N / (L_r - 1).clamp_min(1), zero)
     t2 = torch.addcmul(c * c * mm, wsq, (1 + c).square()).addcmul_(wxm, c * (1 + c), value=-2.0).clamp_min_(0)
@@ -662,11 +662,11 @@ def theorem1_random_expectation_exact(weights_row, x, N: int) -> torch.Tensor:
     dtype = torch.promote_types(w.dtype, x.dtype)
     w = _check_distribution("weights_row", w.to(dtype).unsqueeze(0))[0]
     ax = w.unsqueeze(-1) * check_finite("x", x.to(dtype))
-    subsets = torch.tensor(list(itertools.combinations(range(L), N)))
-    sel = torch.zeros(len(subsets), L, dtype=torch.bool).scatter_(1, subsets, True)
+    subsets = torch.tensor(list(itertools.combinations(range(L), N)), device=w.device)
+    sel = torch.zeros(len(subsets), L, dtype=torch.bool, device=w.device).scatter_(1, subsets, True)
     s = sel.to(dtype) @ ax  # (K, d)
     dist = (ax.unsqueeze(0) - s.unsqueeze(1)).norm(dim=-1)  # (K, L)
-    return torch.where(sel, torch.zeros((), dtype=dtype), dist).sum(-1).mean()
+    return torch.where(sel, 0.0, dist).sum(-1).mean()
 
 
 def jensen_residual(expected, main_sum) -> torch.Tensor:
@@ -729,7 +729,7 @@ def corollary2_bounds(weights, x, N: int, mask=None) -> Corollary2Bounds:
 
     def chunk(bs: slice, rs: slice):
         w, vis, _, xm, sq, mm, L_r, n_r, c = _random_setting_terms(rows, N, bs, rs)
-        zero = torch.zeros((), dtype=w.dtype)
+        zero = w.new_zeros(())
         A = (w @ norms[bs]).squeeze(-1)
         U = torch.where(vis, _sqrt0(mm.unsqueeze(-1) - 2 * w * xm + w * w * sq), zero).sum(-1)
         keep = (L_r - n_r) / L_r
@@ -746,7 +746,7 @@ def corollary2_bounds(weights, x, N: int, mask=None) -> Corollary2Bounds:
 
 def _per_row(name: str, value, w: torch.Tensor) -> torch.Tensor:
     """A number or a tensor broadcastable to the rows w.shape[:-1], as a (..., 1) tensor of w's dtype."""
-    v = float_tensor(name, value).to(w.dtype)
+    v = float_tensor(name, value, w.device).to(device=w.device, dtype=w.dtype)
     check_finite(name, v)
     if torch.isinf(v).any():
         raise ValueError(f"{name} must be finite")
@@ -782,7 +782,7 @@ def _leave_one_out(v: torch.Tensor) -> torch.Tensor:
 
 
 def _xi(w: torch.Tensor, sel: torch.Tensor, M: float, delta: torch.Tensor) -> torch.Tensor:
-    zero = torch.zeros((), dtype=w.dtype)
+    zero = w.new_zeros(())
     ws = torch.where(sel, w, zero)
     s1 = _leave_one_out(ws)  # sum over I \ {i} of alpha_j
     s2 = _leave_one_out(ws * ws)  # ... of alpha_j^2

@@ -27,6 +27,7 @@ import torch
 from attn_utils.book import figures
 from attn_utils.book.formatting import fmt
 from attn_utils.mathematics import theory
+from attn_utils.mathematics.normalizers import causal_mask
 
 LENGTHS = (2, 3, 5, 16, 64)                          # row lengths L of the random instances
 KINDS = ("Gaussian", "two tied maxima", "one dominant")  # kinds of random logit rows
@@ -290,7 +291,7 @@ def top_two_gaps(logits: torch.Tensor) -> torch.Tensor:
     """l_(1) - l_(2), the gap between the two largest visible logits, for every causal row that sees at least two
     keys, of every layer and head of ``logits`` (layers, heads, L, L); float64, flattened."""
     L = logits.shape[-1]
-    causal = torch.ones(L, L, dtype=torch.bool).tril()
+    causal = causal_mask(L, device=logits.device)
     gaps = []
     for layer in logits:
         top2 = layer.masked_fill(~causal, -torch.inf)[:, 1:].topk(2, dim=-1).values

@@ -510,6 +510,11 @@ class ModelLogits:
         return int(self.values.shape[0])
 
     @property
+    def device(self) -> torch.device:
+        """Where the logits are kept and analysed: the device the model ran on."""
+        return self.values.device
+
+    @property
     def n_heads(self) -> int:
         return int(self.values.shape[1])
 
@@ -573,19 +578,21 @@ def capture_logits(session, long_lengths, rows_per_octave, threads: int | None =
     reader = session.longer(max([L, *long_run]))
     samples, row_sets, groups = _row_sets(L, long_run, rows_per_octave)
     main = row_sets["main"]
-    _check_memory(session.provenance.architecture, L, long_run, rows_per_octave)
+    _check_memory(session.provenance.architecture, L, long_run, rows_per_octave, reader.input_ids.device)
     stored = {g: [[] for _ in blocks] for g, blocks in groups.items()}
     values, check = [], {"err": 0.0}
 
-    def collect(layer):  # the forward pass runs on the session's device; what is kept is analysed on the CPU
-        q, k, v, w = (t[0].cpu() for t in (layer.q, layer.k, layer.v, layer.weights))
+    def collect(layer):  # on the session's device, where the forward pass runs and the lenses then run
+        q, k, v, w = (t[0] for t in (layer.q, layer.k, layer.v, layer.weights))
         for g, blocks in groups.items():
             for b, (pos, K) in enumerate(blocks):
-                stored[g][b].append((q[:, torch.as_tensor(row_sets[g][pos])] @ k[:, :K].mT) * layer.scaling)
+                rows = torch.as_tensor(row_sets[g][pos], device=q.device)
+                stored[g][b].append((q[:, rows] @ k[:, :K].mT) * layer.scaling)
         values.append(v.clone())
         pos, K = groups["main"][-1]
-        rows = torch.as_tensor(main[pos])
-        ours = torch.softmax(stored["main"][-1][-1].masked_fill(~causal_mask(K)[rows], -torch.inf), -1)
+        rows = torch.as_tensor(main[pos], device=q.device)
+        ours = torch.softmax(stored["main"][-1][-1].masked_fill(~causal_mask(K, device=q.device)[rows], -torch.inf),
+                             -1)
         check["err"] = max(check["err"], float((ours - w[:, rows, :K]).abs().max()))
 
     previous = torch.get_num_threads()
@@ -594,8 +601,10 @@ def capture_logits(session, long_lengths, rows_per_octave, threads: int | None =
         capture.capture(reader.model, reader.input_ids, collect, dtype=None, what=("q", "k", "v", "weights"))
     finally:
         torch.set_num_threads(previous)
+    device = reader.input_ids.device
     blocks = {g: [Block(row_sets[g][pos], K, torch.stack(stored[g][b]).to(F64),
-                        causal_mask(K)[torch.as_tensor(row_sets[g][pos])]) for b, (pos, K) in enumerate(blocks)]
+                        causal_mask(K, device=device)[torch.as_tensor(row_sets[g][pos], device=device)])
+                  for b, (pos, K) in enumerate(blocks)]
               for g, blocks in groups.items()}
     arch = session.provenance.architecture
     return ModelLogits(session.name, session.context, L, long_run, rows_per_octave, samples, blocks,
@@ -619,10 +628,12 @@ def lens_memory(arch: dict, L: int, long_run: list[int], rows_per_octave) -> flo
     return LENS_MEMORY * 8 * keys * arch["n_layers"] * arch["n_heads"]
 
 
-def _check_memory(arch: dict, L: int, long_run: list[int], rows_per_octave) -> None:
+def _check_memory(arch: dict, L: int, long_run: list[int], rows_per_octave, device: torch.device) -> None:
     """Refuse, before the forward pass, a row sample whose logits and temporaries (:func:`lens_memory`) would not
-    fit in the memory available now: the chapter would otherwise be killed minutes later for want of memory."""
-    need, available = lens_memory(arch, L, long_run, rows_per_octave), psutil.virtual_memory().available
+    fit in the memory available now on ``device`` (a GPU's free memory, or the machine's): the chapter would
+    otherwise be killed minutes later for want of memory."""
+    need = lens_memory(arch, L, long_run, rows_per_octave)
+    available = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else psutil.virtual_memory().available
     if need > available:
         raise ValueError(f"rows_per_octave={rows_per_octave!r} over a {max([L, *long_run])}-token window needs about "
                          f"{need / 2**30:.3g} GiB for the logits of its rows and the lenses' temporaries, and "
@@ -1197,8 +1208,9 @@ def coverage(m: ModelLogits, geo: GeometryModel, Ns, n_samples: int, seed: int) 
         if not geo.coverage_inputs.get(n_top):
             continue
         total = dict.fromkeys(("covered", "union", "expected", "p"), 0.0) | {"rows": 0}
-        null, null_layer = torch.zeros(n_samples, dtype=F64), torch.zeros(n_samples, n_layers, dtype=F64)
-        obs_layer, exp_layer, counts = torch.zeros(n_layers, dtype=F64), torch.zeros(n_layers, dtype=F64), None
+        zeros = lambda *shape: torch.zeros(*shape, dtype=F64, device=m.device)  # noqa: E731
+        null, null_layer, obs_layer, exp_layer, counts = (zeros(n_samples), zeros(n_samples, n_layers),
+                                                          zeros(n_layers), zeros(n_layers), None)
         for sel, sep, ok in geo.coverage_inputs[n_top]:
             res = lenses.coverage(sel, sep, ok, n_top, n_perm=n_samples, generator=gen)
             v = res.valid

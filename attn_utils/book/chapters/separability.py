@@ -319,8 +319,8 @@ def model_rowwise(weights: torch.Tensor, x: torch.Tensor, deltas: pd.Series, Ns:
     N, ``ratio``, ``lower``, ``upper`` and the violation flags (beyond ``tol``).
     """
     n_layers, n_heads, L = weights.shape[0], weights.shape[1], weights.shape[-1]
-    rows = torch.arange(stride - 1, L, stride)
-    mask_rows = normalizers.causal_mask(L)[rows]
+    rows = torch.arange(stride - 1, L, stride, device=weights.device)
+    mask_rows = normalizers.causal_mask(L, device=weights.device)[rows]
     checks = []
     for layer in range(n_layers):
         w = weights[layer][:, rows, :].to(F64)

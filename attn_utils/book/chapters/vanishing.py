@@ -285,8 +285,10 @@ def model_rows(captured) -> ModelCheck:
     """Check Corollary 1 on every weight of ``captured`` (weights, q and k, as the model computed them), row t
     seeing the keys j <= t: Delta_t = ||q_t|| max_{j<=t} ||k_j||, bounds e^{-+2 Delta_t/T} / t, T = 1/scaling."""
     n_layers, n_heads, L = captured.weights.shape[:3]
-    visible, hidden = normalizers.causal_mask(L), ~normalizers.causal_mask(L)
-    per_row = {name: torch.full((n_layers, n_heads, L), torch.nan, dtype=F64)
+    device = captured.weights.device  # the analysis runs where the model ran
+    visible = normalizers.causal_mask(L, device=device)
+    hidden = ~visible
+    per_row = {name: torch.full((n_layers, n_heads, L), torch.nan, dtype=F64, device=device)
                for name in ("max weight", "min weight", "max weight, token 0 excluded", "mean top-5 weight",
                             "weight on token 0", "log10 spread", "lower", "upper")}
     n_violations, recon_error = 0, 0.0
