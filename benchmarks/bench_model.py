@@ -153,7 +153,8 @@ def main() -> None:
     keep = lambda name: not any(name.startswith(s) for s in args.skip)  # noqa: E731
 
     report = {"model": session.name, "shape": list(weights.shape), "machine": platform.platform(),
-              "cpus": os.cpu_count(), "torch": torch.__version__, "compared": {}, "full": {}}
+              "cpus": os.cpu_count(), "torch": torch.__version__, "baseline": args.baseline, "compared": {},
+              "full": {}}
     if args.baseline:
         old = importlib.import_module(baseline_package(args.baseline) + ".algorithms")
         n = args.layers

@@ -270,7 +270,13 @@ def test_the_column_in_process(tmp_path, monkeypatch):
     assert said == {"ch1-vanishing-model": "yes; slope -0.8 [-1.1, -0.6]",
                     "ch3-fig3-decline": "no: reproduced x2, not reproduced x1; drop 0.5 [0.5, 0.5]",
                     "ch1-lemma1-synthetic": ""}
-    assert "1 of 2 model claims are stable" in repro.windows_summary(rows, across)["windows_note"]
+    note = repro.windows_summary(rows, across)["windows_note"]
+    assert "1 of the 2 model claims measured there are stable" in note and "not measured there" not in note
+    late = rows.assign(model=rows.model.where(rows.key != "ch3-fig3-decline", "smollm2-135m"))
+    missing = {**across, "claims": [c for c in across["claims"] if c["key"] != "ch3-fig3-decline"]}
+    note = repro.windows_summary(late, missing)["windows_note"]
+    assert "1 of the 1 model claims measured there are stable" in note
+    assert "1 model claims of ch3_separability were not measured there" in note
 
 
 @pytest.mark.slow
@@ -282,4 +288,4 @@ def test_ch5_shows_the_column_when_the_build_has_a_windows_result(tmp_path):
     text = json.dumps(nbformat.read(out, as_version=4))
     assert "stable across 3 windows" in text and "yes; slope -0.8 [-1.1, -0.6]" in text
     assert "no: reproduced x2, not reproduced x1" in text
-    assert "1 of 2 model claims are stable" in text  # the glued sentence
+    assert "1 of the 2 model claims measured there are stable" in text  # the glued sentence

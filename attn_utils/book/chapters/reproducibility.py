@@ -96,13 +96,18 @@ def windows_summary(rows: pd.DataFrame, across: dict | None) -> dict:
                                 "that says whether each verdict holds across windows spread over the novel"}
     column = stability(rows, across)
     model = column[rows.model != "synthetic"]
+    measured = model[model != "not measured"]
+    absent = sorted(set(rows.chapter[model.index[model == "not measured"]]))
     starts = ", ".join(str(w["chapter"]) for w in across["windows"])
-    return {"windows_note": f"Each claim measured on a model was also measured on {across['K']} windows spread "
-                            f"over the novel (starting at chapters {starts} of {across['n_chapters']}): the column "
-                            f"'{stability_column(across)}' says yes when its verdict was the same in every window, "
-                            f"else which verdicts were seen, and the median [min, max] across windows of the number "
-                            f"its rule decides on; {int(model.str.startswith('yes').sum())} of {len(model)} "
-                            f"model claims are stable"}
+    note = (f"The claims measured on a model were also measured on {across['K']} windows spread over the novel "
+            f"(starting at chapters {starts} of {across['n_chapters']}): the column '{stability_column(across)}' "
+            f"says yes when a verdict was the same in every window, else which verdicts were seen, and the median "
+            f"[min, max] across windows of the number its rule decides on; {int(measured.str.startswith('yes').sum())} "
+            f"of the {len(measured)} model claims measured there are stable")
+    if absent:
+        note += (f"; {len(model) - len(measured)} model claims of {', '.join(absent)} were not measured there "
+                 f"(attn-companion windows --notebooks adds a chapter)")
+    return {"windows_note": note}
 
 
 def verdict_figure(rows: pd.DataFrame) -> plt.Figure:
