@@ -146,7 +146,8 @@ def rows_case(draw, max_L=12):
 NORMALIZERS = [
     (lambda l, T: torch.exp(l / T), lambda l, T: torch.exp(l / T) / T, "T"),
     (lambda l: 1 + l**2, lambda l: 2 * l, None),
-    (lambda l: torch.nn.functional.softplus(l) + 0.1, lambda l: torch.sigmoid(l), None),
+    # softplus without its linear cut-over above 20 (threshold): there autograd would take 1 for sigmoid(l)
+    (lambda l: torch.nn.functional.softplus(l, threshold=1000.0) + 0.1, lambda l: torch.sigmoid(l), None),
     (lambda l: 2 + torch.sin(3 * l), lambda l: 3 * torch.cos(3 * l), None),
 ]
 
