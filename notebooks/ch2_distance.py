@@ -506,10 +506,11 @@ table(fig2.critical)
 
 # %% [markdown]
 # What would a sample lose? `distance.sampling_checks` compares a sample of $K=${glue:text}`m_sample_k`
-# rows per octave (the run's own $K$, or 32 when it evaluates every row) with every row, twice: on the
-# lengths where the sample holds every row, the sampled algorithms must give what the full ones give; at
-# the full length, the sampled head means of Algorithm 2 are compared with the exact ones on the first and
-# the last layer. The table gives the relative errors of the latter, median and largest over heads.
+# rows per octave (the run's own $K$, or `distance.QUICK_ROWS_PER_OCTAVE` when it evaluates every row)
+# with every row, twice: on the lengths where the sample holds every row, the sampled algorithms must give
+# what the full ones give; at the full length, the sampled head means of Algorithm 2 are compared with the
+# exact ones on the first and the last layer. The table gives the relative errors of the latter, median and
+# largest over heads.
 
 # %%
 checks, sampling_error = distance.sampling_checks(weights, x, N=N, lengths=p.lengths, alpha=ks_alpha, **options)

@@ -131,9 +131,10 @@ def test_a_sample_that_would_not_fit_in_memory_is_refused_before_the_forward_pas
     s, logits, *_ = model_run
     keys = sum(b.logits.shape[-2] * b.logits.shape[-1] for g in logits.blocks.values() for b in g)
     need = remedies.LENS_MEMORY * 8 * keys * s.n_layers * logits.n_heads  # the logits this run keeps, and temporaries
-    assert remedies.lens_memory(s.provenance.architecture, L, [LONG], PER_OCTAVE) == need
+    arch = s.provenance.architecture
+    assert remedies.lens_memory(arch, remedies._row_sets(L, [LONG], PER_OCTAVE)[2]) == need
     assert float(logits.prose()["m_every_row_gib"]) == pytest.approx(
-        remedies.lens_memory(s.provenance.architecture, L, [LONG], None) / 2**30, rel=1e-2)
+        remedies.lens_memory(arch, remedies._row_sets(L, [LONG], None)[2]) / 2**30, rel=1e-2)
     forward = []
     monkeypatch.setattr(remedies.capture, "capture", lambda *a, **k: forward.append(1))
     monkeypatch.setattr(remedies.psutil, "virtual_memory", lambda: types.SimpleNamespace(available=need - 1))

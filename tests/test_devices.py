@@ -79,34 +79,29 @@ def calls(logits, w, x, device):
     }
 
 
-def values(result) -> list:
-    """The tensors and tables of a result, as CPU float64 tensors, in a fixed order."""
-    if isinstance(result, torch.Tensor):
-        return [result.detach().cpu().to(torch.float64)]
-    if isinstance(result, pd.DataFrame):
-        return [torch.as_tensor(result.select_dtypes("number").to_numpy(dtype=float))]
+def leaves(result) -> list:
+    """The tensors, tables and numbers of a result, as they are, in a fixed order."""
+    if isinstance(result, (torch.Tensor, pd.DataFrame, int, float, bool)):
+        return [result]
     if isinstance(result, dict):
-        return [v for key in sorted(result) for v in values(result[key])]
+        return [v for key in sorted(result) for v in leaves(result[key])]
     if isinstance(result, (tuple, list)):
-        return [v for item in result for v in values(item)]
+        return [v for item in result for v in leaves(item)]
     if hasattr(result, "__dataclass_fields__"):
-        return [v for name in result.__dataclass_fields__ for v in values(getattr(result, name))]
-    if isinstance(result, (int, float, bool)):
-        return [torch.tensor(float(result), dtype=torch.float64)]
+        return [v for name in result.__dataclass_fields__ for v in leaves(getattr(result, name))]
     return []
 
 
 def tensors(result) -> list:
-    """The tensors of a result, as they are."""
-    if isinstance(result, torch.Tensor):
-        return [result]
-    if isinstance(result, dict):
-        return [t for v in result.values() for t in tensors(v)]
-    if isinstance(result, (tuple, list)):
-        return [t for item in result for t in tensors(item)]
-    if hasattr(result, "__dataclass_fields__"):
-        return [t for name in result.__dataclass_fields__ for t in tensors(getattr(result, name))]
-    return []
+    """The tensors of a result, on the device they were made on."""
+    return [v for v in leaves(result) if isinstance(v, torch.Tensor)]
+
+
+def values(result) -> list:
+    """The tensors, tables and numbers of a result, as CPU float64 tensors."""
+    return [v.detach().cpu().to(torch.float64) if isinstance(v, torch.Tensor)
+            else torch.as_tensor(v.select_dtypes("number").to_numpy(dtype=float)) if isinstance(v, pd.DataFrame)
+            else torch.tensor(float(v), dtype=torch.float64) for v in leaves(result)]
 
 
 def same(a, b, rtol: float = 0.0, atol: float = 0.0) -> None:

@@ -297,15 +297,14 @@ def _fixed_bound(w, sel, outside, valid, keys, ranked, N: int, xu, unit, norms, 
     return bound
 
 
-def _row_weights(pairs, samples, union: np.ndarray, device) -> dict:
+def _row_weights(pairs, samples, union: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
     """For each (L, N) of ``pairs``: the weight (R,) of each row of ``union`` in the head means at L (the rows of
-    ``samples[L]`` with their weights, 0 elsewhere), on ``device``."""
+    ``samples[L]`` with their weights, 0 elsewhere)."""
     out = {}
     for L, N in pairs:
         rows, weight = samples[L]
-        full = np.zeros(len(union))
-        full[np.searchsorted(union, rows)] = weight
-        out[L, N] = torch.as_tensor(full, device=device)
+        out[L, N] = np.zeros(len(union))
+        out[L, N][np.searchsorted(union, rows)] = weight
     return out
 
 
@@ -324,7 +323,8 @@ def _distance_table(weights, x, pairs, mask, reading, with_bound, progress, desc
     samples = {L: sample_rows(L, rows_per_octave) for L in lengths}
     union = np.unique(np.concatenate([r for r, _ in samples.values()]))
     at = torch.as_tensor(union, device=weights.device)
-    row_weight = _row_weights(pairs, samples, union, weights.device)
+    row_weight_np = _row_weights(pairs, samples, union)
+    row_weight = {pair: torch.as_tensor(w, device=weights.device) for pair, w in row_weight_np.items()}
     # whether any row t of some length L sees a key >= L (then that length's rows differ from the full window's)
     beyond = torch.zeros(len(union), lengths[-1], dtype=torch.bool, device=weights.device)
     for L in lengths:
@@ -347,7 +347,7 @@ def _distance_table(weights, x, pairs, mask, reading, with_bound, progress, desc
         for group, wg, xg, vg, far in groups:
             need = {}
             for L, N in group:
-                need[N] = need.get(N, np.zeros(len(union), dtype=bool)) | (row_weight[L, N] > 0).cpu().numpy()
+                need[N] = need.get(N, np.zeros(len(union), dtype=bool)) | (row_weight_np[L, N] > 0)
             per_row = _distance_rows(wg, xg, vg, need, reading, far)
             for L, N in group:
                 values, valid = per_row[N]

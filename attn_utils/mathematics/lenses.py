@@ -257,8 +257,8 @@ def geometry(weights, x, N, mask=None, *, sphere=None, M: float = 1.0, keys: boo
                 out_b * longest_s)
             if keys:  # the selected keys strictly inside the ball, on valid rows
                 separated[..., rows, :k].scatter_(-1, keys_b, inside & valid[..., rows, None])
-        out[n] = Geometry(torch.where(valid, distance, torch.nan), torch.where(valid, ratio, torch.nan), selected, separated,
-                          valid)
+        out[n] = Geometry(torch.where(valid, distance, torch.nan), torch.where(valid, ratio, torch.nan), selected,
+                          separated, valid)
     return out[N] if single else out
 
 
@@ -474,7 +474,7 @@ def association_from_counts(n11, n10, n01, n00) -> dict[str, torch.Tensor]:
     denominator = (n11 + n10) * (n01 + n00) * (n11 + n01) * (n10 + n00)
     phi = torch.where(denominator > 0, (n11 * n00 - n10 * n01) / denominator.clamp(min=1e-300).sqrt(), torch.nan)
     stat = n * phi ** 2
-    pvalue = torch.from_numpy(chi2.sf(stat.cpu().numpy(), 1)).to(torch.float64).to(stat.device)
+    pvalue = torch.from_numpy(chi2.sf(stat.cpu().numpy(), 1)).to(stat.device, torch.float64)
     return {"n": n, "phi": phi, "chi2": stat, "pvalue": pvalue}
 
 

@@ -316,7 +316,8 @@ def _weighted_sum(x: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor) ->
     L, d = x.shape[-2:]
     B, (R, n) = math.prod(lead), keys.shape[-2:]
     flat = x.expand(*lead, L, d).reshape(B * L, d)
-    at = (keys.expand(*lead, R, n).reshape(B, R, n) + torch.arange(B, device=x.device).view(B, 1, 1) * L).view(B * R, n)
+    offsets = torch.arange(B, device=x.device).view(B, 1, 1) * L
+    at = (keys.expand(*lead, R, n).reshape(B, R, n) + offsets).view(B * R, n)
     out = F.embedding_bag(at, flat, mode="sum", per_sample_weights=weights.expand(*lead, R, n).reshape(B * R, n))
     return out.view(*lead, R, d)
 

@@ -20,12 +20,12 @@ from attn_utils.mathematics.validation import as_tensor, broadcasts_to, check_ke
 SUM_ATOL = 1e-5
 
 
-def float_tensor(name: str, value, device=None) -> torch.Tensor:
-    """Tensors and arrays keep a floating dtype; Python numbers, lists and integer data become float64 (on
-    ``device``: the CPU by default)."""
+def float_tensor(name: str, value) -> torch.Tensor:
+    """Tensors and arrays keep a floating dtype; Python numbers, lists and integer data become float64 on the CPU
+    (whatever torch's default device: callers move them next to their tensors)."""
     if not isinstance(value, torch.Tensor) and not hasattr(value, "dtype"):
         try:
-            value = torch.as_tensor(value, dtype=torch.float64, device=device or "cpu")
+            value = torch.as_tensor(value, dtype=torch.float64, device="cpu")
         except (TypeError, ValueError, RuntimeError):
             raise ValueError(f"{name} must be an array or tensor of numbers, got {type(value).__name__}") from None
     t = as_tensor(name, value)
@@ -51,7 +51,8 @@ def unit_scale(x: torch.Tensor, dims: int = 2) -> tuple[torch.Tensor, torch.Tens
     if x.numel() == 0:
         return x, torch.ones(lead, dtype=x.dtype, device=x.device)
     _, e = torch.frexp(x.abs().amax(tuple(range(x.ndim - dims, x.ndim))))
-    c = torch.ldexp(torch.ones(e.shape, dtype=x.dtype, device=x.device), torch.where(e == 0, 1, e) - 1)  # e = 0: max < 1, c = 1
+    # e = 0: max < 1, c = 1
+    c = torch.ldexp(torch.ones(e.shape, dtype=x.dtype, device=x.device), torch.where(e == 0, 1, e) - 1)
     return x / c.reshape(*lead, *(1,) * dims), c
 
 

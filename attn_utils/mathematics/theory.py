@@ -333,7 +333,8 @@ def corollary1_bounds(q, k, T: float, mask=None) -> Bounds:
         kmax, L_r = kn.amax(-1, keepdim=True), torch.full_like(qn, k.shape[-2])
     else:
         mask = check_visible_rows("mask", bool_view("mask", mask, torch.Size((*batch, q.shape[-2], k.shape[-2]))))
-        kmax = torch.where(mask.to(kn.device), kn.unsqueeze(-2), 0.0).amax(-1)
+        mask = mask.to(kn.device)
+        kmax = torch.where(mask, kn.unsqueeze(-2), 0.0).amax(-1)
         L_r = mask.sum(-1).to(dtype)
     spread = torch.exp(2 * qn * kmax / T)
     return Bounds(1 / (spread * L_r), spread / L_r)
@@ -746,7 +747,7 @@ def corollary2_bounds(weights, x, N: int, mask=None) -> Corollary2Bounds:
 
 def _per_row(name: str, value, w: torch.Tensor) -> torch.Tensor:
     """A number or a tensor broadcastable to the rows w.shape[:-1], as a (..., 1) tensor of w's dtype."""
-    v = float_tensor(name, value, w.device).to(device=w.device, dtype=w.dtype)
+    v = float_tensor(name, value).to(device=w.device, dtype=w.dtype)
     check_finite(name, v)
     if torch.isinf(v).any():
         raise ValueError(f"{name} must be finite")

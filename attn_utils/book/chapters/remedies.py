@@ -563,8 +563,8 @@ class ModelLogits:
         return {"model_name": self.model, "m_L": self.L, "m_Lrun": self.L_run, "m_rows": len(self.main_rows),
                 "m_heads": f"{self.n_layers} layers x {self.n_heads} heads = {self.n_layers * self.n_heads} heads",
                 "m_rows_extra": self.n_extra_rows, "m_err": self.softmax_error, "m_s": fmt(self.s, 4),
-                "m_every_row_gib": fmt(lens_memory({"n_layers": self.n_layers, "n_heads": self.n_heads}, self.L,
-                                                   self.long_lengths, None) / 2**30)}
+                "m_every_row_gib": fmt(lens_memory({"n_layers": self.n_layers, "n_heads": self.n_heads},
+                                                   _row_sets(self.L, self.long_lengths, None)[2]) / 2**30)}
 
 
 def capture_logits(session, long_lengths, rows_per_octave, threads: int | None = None) -> ModelLogits:
@@ -577,8 +577,8 @@ def capture_logits(session, long_lengths, rows_per_octave, threads: int | None =
     long_run = lenses.resolve_long_lengths(long_lengths, L, session.context)  # ValueError names long_lengths
     reader = session.longer(max([L, *long_run]))
     samples, row_sets, groups = _row_sets(L, long_run, rows_per_octave)
-    main = row_sets["main"]
-    _check_memory(session.provenance.architecture, L, long_run, rows_per_octave, reader.input_ids.device)
+    main, device = row_sets["main"], reader.input_ids.device
+    _check_memory(lens_memory(session.provenance.architecture, groups), rows_per_octave, reader.L, device)
     stored = {g: [[] for _ in blocks] for g, blocks in groups.items()}
     values, check = [], {"err": 0.0}
 
@@ -586,13 +586,12 @@ def capture_logits(session, long_lengths, rows_per_octave, threads: int | None =
         q, k, v, w = (t[0] for t in (layer.q, layer.k, layer.v, layer.weights))
         for g, blocks in groups.items():
             for b, (pos, K) in enumerate(blocks):
-                rows = torch.as_tensor(row_sets[g][pos], device=q.device)
+                rows = torch.as_tensor(row_sets[g][pos], device=device)
                 stored[g][b].append((q[:, rows] @ k[:, :K].mT) * layer.scaling)
         values.append(v.clone())
         pos, K = groups["main"][-1]
-        rows = torch.as_tensor(main[pos], device=q.device)
-        ours = torch.softmax(stored["main"][-1][-1].masked_fill(~causal_mask(K, device=q.device)[rows], -torch.inf),
-                             -1)
+        rows = torch.as_tensor(main[pos], device=device)
+        ours = torch.softmax(stored["main"][-1][-1].masked_fill(~causal_mask(K, device=device)[rows], -torch.inf), -1)
         check["err"] = max(check["err"], float((ours - w[:, rows, :K]).abs().max()))
 
     previous = torch.get_num_threads()
@@ -601,7 +600,6 @@ def capture_logits(session, long_lengths, rows_per_octave, threads: int | None =
         capture.capture(reader.model, reader.input_ids, collect, dtype=None, what=("q", "k", "v", "weights"))
     finally:
         torch.set_num_threads(previous)
-    device = reader.input_ids.device
     blocks = {g: [Block(row_sets[g][pos], K, torch.stack(stored[g][b]).to(F64),
                         causal_mask(K, device=device)[torch.as_tensor(row_sets[g][pos], device=device)])
                   for b, (pos, K) in enumerate(blocks)]
@@ -621,21 +619,20 @@ def _row_sets(L: int, long_run: list[int], rows_per_octave):
     return samples, row_sets, {g: algorithms.octave_blocks(rows) for g, rows in row_sets.items()}
 
 
-def lens_memory(arch: dict, L: int, long_run: list[int], rows_per_octave) -> float:
-    """Bytes that the lenses need for a row sample: the float64 logits of its (row, key) pairs in every layer and
-    head, times :data:`LENS_MEMORY` for the temporaries."""
-    keys = sum(len(pos) * K for blocks in _row_sets(L, long_run, rows_per_octave)[2].values() for pos, K in blocks)
+def lens_memory(arch: dict, groups: dict) -> float:
+    """Bytes that the lenses need for the blocks ``groups`` of a row sample (:func:`_row_sets`): the float64 logits
+    of its (row, key) pairs in every layer and head, times :data:`LENS_MEMORY` for the temporaries."""
+    keys = sum(len(pos) * K for blocks in groups.values() for pos, K in blocks)
     return LENS_MEMORY * 8 * keys * arch["n_layers"] * arch["n_heads"]
 
 
-def _check_memory(arch: dict, L: int, long_run: list[int], rows_per_octave, device: torch.device) -> None:
-    """Refuse, before the forward pass, a row sample whose logits and temporaries (:func:`lens_memory`) would not
-    fit in the memory available now on ``device`` (a GPU's free memory, or the machine's): the chapter would
-    otherwise be killed minutes later for want of memory."""
-    need = lens_memory(arch, L, long_run, rows_per_octave)
+def _check_memory(need: float, rows_per_octave, L_run: int, device: torch.device) -> None:
+    """Refuse, before the forward pass, a row sample that needs ``need`` bytes (:func:`lens_memory`) when that
+    does not fit in the memory available now on ``device`` (a GPU's free memory, or the machine's): the chapter
+    would otherwise be killed minutes later for want of memory."""
     available = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else psutil.virtual_memory().available
     if need > available:
-        raise ValueError(f"rows_per_octave={rows_per_octave!r} over a {max([L, *long_run])}-token window needs about "
+        raise ValueError(f"rows_per_octave={rows_per_octave!r} over a {L_run}-token window needs about "
                          f"{need / 2**30:.3g} GiB for the logits of its rows and the lenses' temporaries, and "
                          f"{available / 2**30:.3g} GiB of memory is available; sample fewer rows (a smaller "
                          f"rows_per_octave) or read a shorter window (long_lengths)")
@@ -1208,9 +1205,9 @@ def coverage(m: ModelLogits, geo: GeometryModel, Ns, n_samples: int, seed: int) 
         if not geo.coverage_inputs.get(n_top):
             continue
         total = dict.fromkeys(("covered", "union", "expected", "p"), 0.0) | {"rows": 0}
-        zeros = lambda *shape: torch.zeros(*shape, dtype=F64, device=m.device)  # noqa: E731
-        null, null_layer, obs_layer, exp_layer, counts = (zeros(n_samples), zeros(n_samples, n_layers),
-                                                          zeros(n_layers), zeros(n_layers), None)
+        f64 = dict(dtype=F64, device=m.device)
+        null, null_layer = torch.zeros(n_samples, **f64), torch.zeros(n_samples, n_layers, **f64)
+        obs_layer, exp_layer, counts = torch.zeros(n_layers, **f64), torch.zeros(n_layers, **f64), None
         for sel, sep, ok in geo.coverage_inputs[n_top]:
             res = lenses.coverage(sel, sep, ok, n_top, n_perm=n_samples, generator=gen)
             v = res.valid
