@@ -107,6 +107,15 @@ def _print_params(notebook: str | None) -> None:
     print("A value passed with -p replaces the default; every value and rule is checked before any notebook runs.")
 
 
+def _cluster_options(command: argparse.ArgumentParser) -> None:
+    """``--workers`` and ``--scheduler`` of the commands that run on Dask (checked by ``sweep.Cluster``)."""
+    command.add_argument("--workers", dest="workers", type=int, default=None, metavar="K",
+                         help="worker processes of the local cluster, one thread each (default min(2, cores))")
+    command.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                         help="the address of a running Dask scheduler (tcp://HOST:8786) to send the tasks to, "
+                              "instead of a local cluster")
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line of ``attn-companion``."""
     parser = argparse.ArgumentParser(prog="attn-companion", description=__doc__,
@@ -140,11 +149,7 @@ def parser() -> argparse.ArgumentParser:
     p_sweep.add_argument("notebook")
     p_sweep.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "V1,V2,..."),
                          help="a parameter and its values, separated by commas (repeat for more parameters)")
-    p_sweep.add_argument("--workers", dest="workers", type=int, default=None, metavar="K",
-                         help="worker processes of the local cluster, one thread each (default min(2, cores))")
-    p_sweep.add_argument("--scheduler", default=None, metavar="ADDRESS",
-                         help="the address of a running Dask scheduler (tcp://HOST:8786) to send the tasks to, "
-                              "instead of a local cluster")
+    _cluster_options(p_sweep)
     p_sweep.add_argument("--force", action="store_true",
                          help="run again the combinations that already finished (default: skip them)")
     p_sweep.add_argument("--out", type=Path, default=Path("runs"), help="output folder (default runs/)")
@@ -165,10 +170,7 @@ def parser() -> argparse.ArgumentParser:
                                 f"{' '.join(windows.OPTIONAL_CHAPTERS)})")
     p_windows.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"),
                            help="a parameter for every chapter that has it (not chapters or offset, set per window)")
-    p_windows.add_argument("--workers", dest="workers", type=int, default=None, metavar="N",
-                           help="worker processes of the local cluster, one thread each (default min(2, cores))")
-    p_windows.add_argument("--scheduler", default=None, metavar="ADDRESS",
-                           help="the address of a running Dask scheduler (tcp://HOST:8786) instead of a local cluster")
+    _cluster_options(p_windows)
     p_windows.add_argument("--force", action="store_true", help="run again the windows that already finished")
     p_windows.add_argument("--out", type=Path, default=Path("runs") / "windows",
                            help="output folder (default runs/windows)")
@@ -218,13 +220,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"executed notebook: {out}")
         elif args.command == "sweep":
             src = build.resolve_notebook(args.notebook)
-            index = sweep.sweep(src, _parameters(args.parameter, multi=True), args.out, workers=args.workers,
-                                scheduler=args.scheduler, force=args.force)
+            index = sweep.sweep(src, _parameters(args.parameter, multi=True), args.out,
+                                cluster=sweep.Cluster(args.workers, args.scheduler), force=args.force)
             print(f"sweep index: {index}\ntable: {index.parent / 'results.parquet'} (and results.csv)")
         elif args.command == "windows":
             path = windows.run_windows(args.k, args.out, notebooks=args.notebooks,
-                                       parameters=_parameters(args.parameter), workers=args.workers,
-                                       scheduler=args.scheduler, force=args.force)
+                                       parameters=_parameters(args.parameter),
+                                       cluster=sweep.Cluster(args.workers, args.scheduler), force=args.force)
             print(f"windows: {path} (and windows.csv); build the book with it: attn-companion book --windows {path}")
         elif args.command == "student":
             if not args.exercises_only:  # notebooks of exercises only run no chapter code

@@ -41,9 +41,9 @@ seed = 0                  # seed of the synthetic examples
 device = "auto"           # "auto" (a GPU if there is one, else the CPU), "cpu" or "cuda": runs the model and the checks
 
 # %%
-from attn_utils.book.params import validate
+from attn_utils.book.params import checked
 
-_ = validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed, device=device)
+p = checked(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed, device=device)
 
 # %% tags=["hide-input"]
 import pandas as pd
@@ -182,7 +182,7 @@ figures.glue_figure("fig_ch0_normalizers", setting.weights_figure(weights))
 # that produced it.
 
 # %%
-session = Session.open(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed, device=device)
+session = Session.open(p)
 table(pd.Series(session.summary()).rename_axis("model and window").reset_index(name="value"))
 
 # %%

@@ -56,10 +56,10 @@ Ts = [0.25, 1.0, 4.0]     # softmax temperatures of the synthetic checks
 n_trials = 200            # synthetic rows per (normalizer or temperature, length)
 
 # %%
-from attn_utils.book.params import validate
+from attn_utils.book.params import checked
 
-p = validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, device=device, seed=seed,
-             synthetic_lengths=synthetic_lengths, Ts=Ts, n_trials=n_trials)
+p = checked(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, device=device, seed=seed,
+            synthetic_lengths=synthetic_lengths, Ts=Ts, n_trials=n_trials)
 
 # %% tags=["hide-input"]
 import numpy as np
@@ -311,8 +311,7 @@ figures.glue_figure("fig_ch1_escape", vanishing.plot_escape(escape))
 # figure and in the table below (see {doc}`ch0_setting` for how it is chosen).
 
 # %%
-session = Session.open(model=p.model, corpus=p.corpus, chapters=p.chapters, offset=p.offset, L=p.L, seed=p.seed,
-                       device=device)
+session = Session.open(p)
 captured = session.capture(what=("weights", "q", "k"))  # (layers, heads, L, L) weights; (layers, heads, L, d) q, k
 table(pd.Series(session.summary()).rename_axis("model and window").reset_index(name="value"))
 

@@ -62,13 +62,11 @@ distance_reading = "sum_of_norms"      # reading of d~ measured on the model: "s
 rows_per_octave = None                 # None: every query row, as the paper; K: K rows sampled per octave of positions (quicker)
 
 # %%
-from attn_utils.book.params import validate
+from attn_utils.book.params import checked
 
-p = validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, device=device, seed=seed, N=N, lengths=lengths,
-             Ns=Ns, ks_alpha=ks_alpha, n_trials=n_trials, n_samples=n_samples, vectors=vectors,
-             distance_reading=distance_reading, rows_per_octave=rows_per_octave)
-if p.N >= min(p.lengths):
-    raise ValueError(f"parameter N must be below the shortest length {min(p.lengths)}, got {p.N}")
+p = checked(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, device=device, seed=seed, N=N, lengths=lengths,
+            Ns=Ns, ks_alpha=ks_alpha, n_trials=n_trials, n_samples=n_samples, vectors=vectors,
+            distance_reading=distance_reading, rows_per_octave=rows_per_octave)
 
 # %% tags=["hide-input"]
 import functools
@@ -473,8 +471,7 @@ claims.record("ch2-cor2-synthetic", model="synthetic", failures=s["s_cor_fail"],
 # measures that deviation.
 
 # %%
-session = Session.open(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed,
-                       device=device)
+session = Session.open(p)
 weights, x, captured = distance.capture(session, vectors)
 table(pd.Series(session.summary()).rename_axis("model and window").reset_index(name="value"))
 

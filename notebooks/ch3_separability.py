@@ -56,10 +56,11 @@ sigmas = [0.5, 1.0, 2.0]  # standard deviations of the N(0, sigma^2) logits of t
 n_trials = 100            # synthetic instances (embeddings + 4 query rows) per sigma
 
 # %%
-from attn_utils.book.params import validate
+from attn_utils.book.params import checked
 
-Ns = validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, device=device, seed=seed, Ns=Ns, M=M,
-              vectors=vectors, sigmas=sigmas, n_trials=n_trials).Ns  # values of Ns not below L are dropped
+p = checked(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, device=device, seed=seed, Ns=Ns, M=M,
+            vectors=vectors, sigmas=sigmas, n_trials=n_trials)
+Ns = list(p.Ns)  # values of Ns not below L are dropped
 
 # %% tags=["hide-input"]
 import torch
@@ -404,8 +405,7 @@ claims.record("ch3-thm2-upper-synthetic", model="synthetic", violations=syn_s["u
 # with $t\le N$ are skipped.
 
 # %%
-session = Session.open(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed,
-                       device=device)
+session = Session.open(p)
 captured = session.capture(what=("weights", VECTOR_FIELD[vectors]))
 x_model = session.vectors(captured, vectors)                 # (layers, heads, L, d_head)
 with runlog.timing("Algorithm 4"):  # the reproducibility chapter sets this time beside the paper's Table 1

@@ -57,10 +57,10 @@ logit_scale = "raw"       # "raw" (logits q.k; the model's own T is 1/scaling, 8
 n_trials = 3000           # random synthetic instances for each numerical check of the theory
 
 # %%
-from attn_utils.book.params import validate
+from attn_utils.book.params import checked
 
-p = validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, device=device, seed=seed, Ts=Ts,
-             epsilons=epsilons, logit_scale=logit_scale, n_trials=n_trials)
+p = checked(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, device=device, seed=seed, Ts=Ts,
+            epsilons=epsilons, logit_scale=logit_scale, n_trials=n_trials)
 
 # %% tags=["hide-input"]
 import math
@@ -364,8 +364,7 @@ for key in ("ch4-corollary3-entries", "ch4-corrected-spectral", "ch4-finite-diff
 # own temperature on that scale (`captured.temperature`), which is added to the grid `Ts`.
 
 # %%
-session = Session.open(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed,
-                       device=device)
+session = Session.open(p)
 captured = session.capture(what=("logits",), logit_scale=logit_scale)  # logits and temperature on that scale
 logits, T_model = captured.logits, float(captured.temperature.median())
 Ts_run = sorted({float(T) for T in Ts} | {T_model})  # the grid `Ts` and the model's own temperature

@@ -71,11 +71,11 @@ n_samples = 200           # permutations of the multi-head independence test
 rows_per_octave = 4       # query rows sampled per octave of positions [2^k, 2^(k+1)) of the model's window
 
 # %%
-from attn_utils.book.params import validate
+from attn_utils.book.params import checked
 
-p = validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, device=device, long_lengths=long_lengths, seed=seed,
-             normalizers=normalizers, synthetic_lengths=synthetic_lengths, Ts=Ts, N=N, Ns=Ns, n_trials=n_trials,
-             n_samples=n_samples, rows_per_octave=rows_per_octave)
+p = checked(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, device=device, long_lengths=long_lengths, seed=seed,
+            normalizers=normalizers, synthetic_lengths=synthetic_lengths, Ts=Ts, N=N, Ns=Ns, n_trials=n_trials,
+            n_samples=n_samples, rows_per_octave=rows_per_octave)
 
 # %% tags=["hide-input"]
 import time
@@ -480,8 +480,7 @@ claims.record("ch6-jacobians", model="synthetic", **gradient.claim());
 # the model's softmax and every difference comes from the length dependence alone.
 
 # %%
-session = Session.open(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed,
-                       device=device)
+session = Session.open(p)
 logits = remedies.capture_logits(session, long_lengths, rows_per_octave, threads=threads)
 table(logits.facts(session.summary()), index=True, caption="The model and the window it read")
 

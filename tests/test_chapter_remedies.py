@@ -44,13 +44,6 @@ def test_longer_window_extends_the_same_window(session):
     assert session.longer(L) is session
 
 
-@pytest.mark.parametrize("length", [L - 1, 1025, 64.0, True])
-def test_longer_window_is_checked_against_the_context(session, length):
-    assert session.context == 1024
-    with pytest.raises(ValueError, match=r"length must be an integer in \[L, context\]"):
-        session.longer(length)
-
-
 # --- synthetic pipelines ---------------------------------------------------------------------------------------------
 
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from attn_utils.models import corpus
-from attn_utils.models.corpus import Corpus, CorpusDamaged, load_text, split_chapters, strip_gutenberg, token_windows
+from attn_utils.models.corpus import (Corpus, CorpusDamaged, count_tokens, load_text, prefix_ids, split_chapters,
+                                      strip_gutenberg, token_windows)
 from attn_utils.models.loading import gpt2_tokenizer
 
 OPENING = "“Well, Prince, so Genoa and Lucca are now just family estates of the"
@@ -193,20 +194,21 @@ def test_windows_are_consecutive_slices_of_the_tokenized_text(tokenizer):
     assert tokenizer.decode(token_windows(c, tokenizer, L=8)[0]).startswith("“Well, Prince")
 
 
-def test_too_short_text_says_what_to_change(tokenizer):
-    with pytest.raises(ValueError, match=r"has 3 tokens but .* are needed; lower offset, n_windows or L"):
+def test_too_short_text_cannot_give_the_windows(tokenizer):
+    """The rule offset + L <= tokens is the preflight's (tests/test_params.py); here the shape cannot be made."""
+    with pytest.raises(ValueError, match=r"the text has 3 tokens, fewer than the offset \+ n_windows \* L = 5"):
         token_windows("Hello big world", tokenizer, L=2, offset=1, n_windows=2)
 
 
-def test_window_longer_than_context_is_refused(tokenizer):
-    with pytest.raises(ValueError, match="exceeds the model's context of 1024 tokens"):
-        token_windows("Hello world", tokenizer, L=1025)
-
-
-@pytest.mark.parametrize("kwargs", [{"L": 0}, {"L": 4, "offset": -1}, {"L": 4, "n_windows": 0}, {"L": 2.5}])
-def test_bad_window_parameters(tokenizer, kwargs):
-    with pytest.raises(ValueError):
-        token_windows("Hello world, this is a test.", tokenizer, **kwargs)
+@pytest.mark.parametrize("needed", [1, 50, 400, 5000])
+def test_count_tokens_is_the_count_of_the_whole_text_up_to_the_prefix(tokenizer, needed):
+    """The one prefix loop: the count on a prefix is the count of the whole text when the text has fewer tokens,
+    and at least ``needed`` otherwise, with the first ``needed`` ids those of the whole text."""
+    c = load_text(chapters=(1, 2))
+    ids = tokenizer(c.text, add_special_tokens=False, verbose=False)["input_ids"]
+    prefix = prefix_ids(c.text, tokenizer, needed)
+    assert prefix[:needed] == ids[:needed]
+    assert count_tokens(c.text, tokenizer, needed) == (len(ids) if len(ids) < needed else len(prefix)) >= min(needed, len(ids))
 
 
 def test_corpus_record_is_immutable():

@@ -39,18 +39,19 @@ def test_parameters_are_documented_and_validated(src):
     unknown = set(declared) - set(SPECS)
     assert not unknown, f"parameters without a specification in attn_utils.book.params.SPECS: {unknown}"
     calls = [n for n in ast.walk(ast.parse(cells[index + 1].source))
-             if isinstance(n, ast.Call) and getattr(n.func, "id", getattr(n.func, "attr", "")) == "validate"]
-    assert calls, "the cell after the parameters must call validate(...)"
+             if isinstance(n, ast.Call) and getattr(n.func, "id", getattr(n.func, "attr", "")) == "checked"]
+    assert calls, "the cell after the parameters must call checked(...)"
     checked = {k.arg for k in calls[0].keywords}
-    assert checked == set(declared), f"validate() must check every parameter; missing {set(declared) - checked}"
+    assert checked == set(declared), f"checked() must receive every parameter; missing {set(declared) - checked}"
 
 
 @pytest.mark.parametrize("name, value", [("L", 0), ("model", ""), ("seed", -1)])
-def test_invalid_parameter_stops_in_first_cell(tmp_path, name, value):
-    """An invalid value raises ValueError naming the parameter, before any heavy work."""
+def test_invalid_parameter_stops_before_the_notebook(tmp_path, name, value):
+    """An invalid value raises ValueError naming the parameter, before any heavy work: the boundary check, whose
+    result is the only way into execute_notebook."""
     src = build.NOTEBOOK_DIR / "ch0_setting.py"
     with pytest.raises(ValueError, match=f"parameter {name} must be"):
-        build.execute_notebook(src, tmp_path / "out.ipynb", {name: value}, progress=False)
+        build.check_parameters(src, {name: value})
 
 
 def test_notebook_itself_rejects_invalid_parameter(tmp_path):

@@ -31,8 +31,9 @@ NOTEBOOK = textwrap.dedent('''\
     seed = 0  # seed
 
     # %%
-    from attn_utils.book.params import validate
-    validate(N=N, seed=seed)
+    from attn_utils.book.params import checked
+    p = checked(N=N, seed=seed)
+    print("checked:", dict(p.given), dict(p.facts))
     from myst_nb import glue
     import matplotlib.pyplot as plt
     glue("answer", N * 2, display=False)
@@ -105,7 +106,7 @@ def test_build_book_then_failed_build_keeps_previous(tiny_book, tmp_path):
     assert result.records == tmp_path / "html-records" and (result.records / "notebooks").is_dir()
     # a notebook that raises: the pipeline names it, and the previous book stays
     src = tiny_book / "notebooks" / "tiny.py"
-    src.write_text(src.read_text().replace("validate(N=N, seed=seed)", "raise ValueError('boom from the notebook')"))
+    src.write_text(src.read_text().replace("p = checked(N=N, seed=seed)", "raise ValueError('boom from the notebook')"))
     with pytest.raises(build.NotebookFailed, match="tiny.py failed: ValueError: boom"):
         build.build_book({}, root=tiny_book, out=out, progress=False)
     assert (out / "notebooks" / "tiny.html").read_text() == page
@@ -144,7 +145,7 @@ def test_run_marks_failed_runs_and_a_rejected_run_writes_nothing(tiny_book, tmp_
     ok = sweep.run_one(src, {"N": 2}, runs, progress=False)
     status = json.loads((ok.parent / "status.json").read_text())
     assert status["status"] == "ok" and status["seconds"] > 0
-    src.write_text(src.read_text().replace("validate(N=N, seed=seed)", "raise ValueError('boom from the notebook')"))
+    src.write_text(src.read_text().replace("p = checked(N=N, seed=seed)", "raise ValueError('boom from the notebook')"))
     with pytest.raises(build.NotebookFailed):
         sweep.run_one(src, {"N": 3}, runs, progress=False)
     failed = sweep.run_folder(src, {"N": 3}, runs)
@@ -162,7 +163,7 @@ def test_new_build_removes_stale_staging_folders(tiny_book, tmp_path):
     for folder in (*stale, live):
         (folder / "_run").mkdir(parents=True)
     src = tiny_book / "notebooks" / "tiny.py"
-    src.write_text(src.read_text().replace("validate(N=N, seed=seed)", "raise ValueError('boom')"))
+    src.write_text(src.read_text().replace("p = checked(N=N, seed=seed)", "raise ValueError('boom')"))
     with pytest.raises(build.NotebookFailed):
         build.build_book({}, root=tiny_book, out=tmp_path / "html", progress=False)
     assert not any(folder.exists() for folder in stale) and live.is_dir()
@@ -170,9 +171,31 @@ def test_new_build_removes_stale_staging_folders(tiny_book, tmp_path):
 
 
 def test_kernel_prints_no_encryption_warning(tiny_book, tmp_path, capfd):
-    build.execute_notebook(tiny_book / "notebooks" / "tiny.py", tmp_path / "tiny.ipynb", progress=False)
+    src = tiny_book / "notebooks" / "tiny.py"
+    build.execute_notebook(src, tmp_path / "tiny.ipynb", build.check_parameters(src, {}), progress=False)
     err = capfd.readouterr().err
     assert "without encryption" not in err
+
+
+def test_the_notebook_receives_the_preflights_parameters_and_checks_nothing_again(tiny_book, tmp_path, monkeypatch):
+    """The values the preflight checked reach the kernel as they are (facts included); a notebook whose values are
+    not those (here: an edited preflight result) stops instead of checking again."""
+    import nbformat
+
+    src = tiny_book / "notebooks" / "tiny.py"
+    (checked,) = build.preflight([(src, {"N": 4})])
+    build.execute_notebook(src, tmp_path / "tiny.ipynb", checked, progress=False)
+    outputs = [o.get("text", "") for c in nbformat.read(tmp_path / "tiny.ipynb", as_version=4).cells
+               for o in c.get("outputs", [])]
+    assert "checked: {'N': 4, 'seed': 0} {}\n" in outputs
+    stale = tmp_path / "stale.json"
+    stale.write_text(params.Parameters({"N": 5, "seed": 0}).to_json())
+    monkeypatch.setenv(params.PARAMETERS_ENV, str(stale))
+    with pytest.raises(RuntimeError, match="are not those its preflight checked"):
+        params.checked(N=4, seed=0)
+    assert params.checked(N=5, seed=0) == params.Parameters({"N": 5, "seed": 0})
+    with pytest.raises(TypeError, match="takes the Parameters of preflight"):
+        build.execute_notebook(src, tmp_path / "raw.ipynb", {"N": 4}, progress=False)
 
 
 def test_run_slug_is_stable_and_distinct():

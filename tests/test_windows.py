@@ -283,8 +283,8 @@ def test_the_column_in_process(tmp_path, monkeypatch):
 def test_ch5_shows_the_column_when_the_build_has_a_windows_result(tmp_path):
     write_fake_records(tmp_path / "run", three_windows())
     out = tmp_path / "ch5.ipynb"
-    build.execute_notebook(build.NOTEBOOK_DIR / "ch5_reproducibility.py", out, run_dir=tmp_path / "run",
-                           progress=False)
+    src = build.NOTEBOOK_DIR / "ch5_reproducibility.py"
+    build.execute_notebook(src, out, build.check_parameters(src, {}), run_dir=tmp_path / "run", progress=False)
     text = json.dumps(nbformat.read(out, as_version=4))
     assert "stable across 3 windows" in text and "yes; slope -0.8 [-1.1, -0.6]" in text
     assert "no: reproduced x2, not reproduced x1" in text

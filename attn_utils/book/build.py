@@ -30,7 +30,7 @@ import yaml
 from traitlets.config import Config
 
 from attn_utils.book import runlog
-from attn_utils.book.params import FACTS, ParameterError, Parameters, validate
+from attn_utils.book.params import FACTS, PARAMETERS_ENV, ParameterError, Parameters, resolve, thawed
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK_DIR = ROOT / "notebooks"
@@ -90,17 +90,23 @@ def _parameters_cell(src: Path, mtime_ns: int, size: int) -> dict[str, Any]:
     return {}
 
 
-def check_parameters(src: Path, parameters: dict[str, Any], facts: dict[str, Any] | None = None) -> Parameters:
-    """The values ``src`` will use with ``parameters`` over its defaults, checked against the specification and its
-    rules (with ``facts`` of the model and the corpus, when given; see :mod:`attn_utils.book.params`). Parameters the
-    notebook does not declare and invalid values are a ``ValueError`` naming the notebook and the parameter."""
+def check_parameters(src: Path, parameters: dict[str, Any], *, cache: dict | None = None) -> Parameters:
+    """The values ``src`` will use with ``parameters`` over its defaults: checked once against the specification,
+    its rules and the facts they read (:func:`attn_utils.book.params.resolve`; ``cache`` keeps the models, tokenizers
+    and texts read between runs). A parameter the notebook does not declare, or an invalid value, is a
+    ``ValueError`` naming the notebook and the parameter (and, where it is one, the default)."""
     declared = notebook_parameters(src)
     unknown = sorted(set(parameters) - set(declared))
     if unknown:
         raise ValueError(f"{src.stem} has no parameter {unknown[0]!r}; its parameters are {sorted(declared)}")
     try:
-        return validate(facts=facts, **{**declared, **parameters})
+        return resolve({**declared, **parameters}, cache=cache)
     except ParameterError as err:
+        facts = set(err.names) & set(FACTS)
+        if facts:
+            model = err.facts["model_choice"][0] if "model_choice" in err.facts else {**declared, **parameters}["model"]
+            of = f" ({err.facts['context']} tokens of context)" if "context" in facts else ""
+            raise ParameterError(err.names, f"{src.stem} with model {model!r}{of}: {err}") from None
         defaults = [n for n in err.names if n in declared and n not in parameters]
         said = ", ".join(f"{n} = {declared[n]!r}" for n in defaults)
         hint = f" (the default{'s' * (len(defaults) > 1)} of {src.stem}: {said})" if defaults else ""
@@ -108,108 +114,54 @@ def check_parameters(src: Path, parameters: dict[str, Any], facts: dict[str, Any
 
 
 def preflight(runs: Iterable[tuple[Path, dict[str, Any]]]) -> list[Parameters]:
-    """Check every ``(notebook, parameters)`` run before any notebook executes, in seconds; return the values each
-    will use (:func:`check_parameters`).
+    """Check every ``(notebook, parameters)`` run before any notebook executes, in seconds; return the
+    :class:`~attn_utils.book.params.Parameters` each will use (:func:`check_parameters`), which
+    :func:`execute_notebook` hands to the notebook.
 
-    For a notebook that declares a model, the model is resolved (``auto`` says which it takes) and its context is
-    read from its configuration, without its weights; with a corpus, the text is read and tokenized as far as the
-    window needs. The rules on these facts (``L`` and ``long_lengths`` within the context, ``offset + L`` within
-    the corpus) then apply. Models, tokenizers and texts are read once for all the runs.
+    For a notebook that declares a model, the model is resolved (``auto`` says which it takes, once) and its
+    context is read from its configuration, without its weights; with a corpus, the text is read and tokenized as
+    far as the window needs. The rules on these facts (``L`` and ``long_lengths`` within the context, ``offset + L``
+    within the corpus) then apply. Models, tokenizers and texts are read once for all the runs.
     """
     cache: dict[tuple, Any] = {}
-    resolved = []
-    for src, parameters in runs:
-        values = check_parameters(src, parameters)
-        if "model" in values:
-            name, facts = _facts(src, values, cache)
-            if "device" in values:
-                import torch
-
-                facts["cuda_devices"] = torch.cuda.device_count()
-            try:
-                values = check_parameters(src, parameters, facts)
-            except ParameterError as err:
-                if not set(err.names) & set(FACTS):
-                    raise
-                detail = str(err).removeprefix(f"{src.stem}: ")
-                of = f" ({facts['context']} tokens of context)" if "context" in err.names else ""
-                raise ParameterError(err.names, f"{src.stem} with model {name!r}{of}: {detail}") from None
-        resolved.append(values)
-    return resolved
+    return [check_parameters(src, parameters, cache=cache) for src, parameters in runs]
 
 
-def _facts(src: Path, values: Parameters, cache: dict[tuple, Any]) -> tuple[str, dict[str, int]]:
-    """The model a run takes (``auto`` resolved) and the :data:`~attn_utils.book.params.FACTS` of its parameters;
-    ``cache`` keeps models, tokenizers and texts between runs."""
-    from attn_utils.models.corpus import load_text  # torch and transformers: imported only here
-    from attn_utils.models.loading import choose_auto, load_tokenizer, model_context
-
-    def once(key, read):
-        if key not in cache:
-            cache[key] = read()
-        return cache[key]
-
-    def resolve():
-        if values.model != "auto":
-            return values.model
-        name, why = choose_auto()
-        print(f"model 'auto' -> {name}: {why}", flush=True)
-        return name
-
-    name = once(("name", values.model), resolve)
-    try:
-        facts = {"context": once(("context", name), lambda: model_context(name))}
-        tokenizer = once(("tokenizer", name), lambda: load_tokenizer(name)) if {"corpus", "L"} <= set(values) else None
-    except OSError as err:  # a folder without its configuration or tokenizer files
-        raise ValueError(f"{src.stem}: model {name!r}: {err}") from None
-    if tokenizer is not None:
-        corpus, chapters = values.corpus, values.get("chapters")
-        try:
-            text = once(("text", corpus, str(chapters)), lambda: load_text(
-                None if corpus == "war-and-peace" else corpus, chapters=tuple(chapters) if chapters else None).text)
-        except (OSError, ValueError) as err:
-            within = f", chapters = {chapters}" if chapters else ""
-            raise ValueError(f"{src.stem}: corpus = {corpus!r}{within}: {err}") from None
-        needed = values.get("offset", 0) + values.L
-        facts["corpus_tokens"] = once(("tokens", name, corpus, str(chapters), needed),
-                                      lambda: _count_tokens(text, tokenizer, needed))
-    return name, facts
+def overrides(src: Path, p: Parameters) -> dict[str, Any]:
+    """The values of ``p`` that differ from the notebook's defaults, as papermill injects them (tuples as lists)."""
+    declared = notebook_parameters(src)
+    return {k: thawed(v) for k, v in p.given.items() if thawed(v) != declared.get(k)}
 
 
-def _count_tokens(text: str, tokenizer, needed: int) -> int:
-    """The tokens of ``text``, counted on a prefix that holds ``needed`` of them and a margin (so cutting it inside a
-    word cannot matter), or on the whole text when it has fewer."""
-    margin = 64
-    chars = 6 * (needed + margin)
-    while True:
-        n = len(tokenizer(text[:chars], add_special_tokens=False, verbose=False)["input_ids"])
-        if n >= needed + margin or chars >= len(text):
-            return n
-        chars *= 2
+def execute_notebook(src: Path, out: Path, p: Parameters, *, run_dir: Path | None = None, progress: bool = True,
+                     timeout: int | None = None) -> float:
+    """Execute ``src`` (py:percent) with papermill into ``out`` (.ipynb), with the checked parameters ``p`` (from
+    :func:`preflight`); return the wall time in seconds.
 
-
-def execute_notebook(src: Path, out: Path, parameters: dict[str, Any] | None = None, *,
-                     run_dir: Path | None = None, progress: bool = True, timeout: int | None = None) -> float:
-    """Execute ``src`` (py:percent) with papermill into ``out`` (.ipynb); return the wall time in seconds.
-
-    ``run_dir`` is exported as ``ATTN_COMPANION_RUN_DIR`` so notebooks can leave artefacts
-    (claims, timings) for later notebooks. Raises :class:`NotebookFailed` naming the notebook. The
+    The values that differ from the notebook's defaults are injected after its parameters cell, and ``p`` itself
+    reaches the notebook's :func:`~attn_utils.book.params.checked` through ``$ATTN_COMPANION_PARAMETERS``, so the
+    notebook does not check them again. ``run_dir`` is exported as ``ATTN_COMPANION_RUN_DIR`` so notebooks can
+    leave artefacts (claims, timings) for later notebooks. Raises :class:`NotebookFailed` naming the notebook. The
     kernel is killed when execution ends, also on KeyboardInterrupt.
     """
-    parameters = dict(parameters or {})
-    check_parameters(src, parameters)
+    if not isinstance(p, Parameters):
+        raise TypeError(f"execute_notebook takes the Parameters of preflight(), got {type(p).__name__}")
     out.parent.mkdir(parents=True, exist_ok=True)
     nb = jupytext.read(src)
     nb.metadata.setdefault("kernelspec", {"name": "python3", "display_name": "Python 3", "language": "python"})
-    env = {runlog.NOTEBOOK_ENV: src.stem, **({runlog.RUN_DIR_ENV: str(run_dir)} if run_dir is not None else {})}
-    with tempfile.TemporaryDirectory() as tmp, environment(env):
+    with tempfile.TemporaryDirectory() as tmp:
+        checked = Path(tmp) / "parameters.json"
+        checked.write_text(p.to_json())
+        env = {runlog.NOTEBOOK_ENV: src.stem, PARAMETERS_ENV: str(checked),
+               **({runlog.RUN_DIR_ENV: str(run_dir)} if run_dir is not None else {})}
         nb_in = Path(tmp) / f"{src.stem}.ipynb"
         nbformat.write(nb, nb_in)
         start = time.perf_counter()
         try:  # "immediate": an interrupted kernel is killed at once, not asked to shut down mid-cell
-            papermill.execute_notebook(str(nb_in), str(out), parameters=parameters, cwd=str(src.parent),
-                                       kernel_name="python3", progress_bar=progress, execution_timeout=timeout,
-                                       config=KERNEL_CONFIG, shutdown_kernel="immediate")
+            with environment(env):
+                papermill.execute_notebook(str(nb_in), str(out), parameters=overrides(src, p), cwd=str(src.parent),
+                                           kernel_name="python3", progress_bar=progress, execution_timeout=timeout,
+                                           config=KERNEL_CONFIG, shutdown_kernel="immediate")
         except papermill.PapermillExecutionError as exc:
             raise NotebookFailed(f"notebook {src.name} failed: {exc.ename}: {exc.evalue}") from None
     return time.perf_counter() - start
@@ -325,7 +277,7 @@ def build_book(parameters: dict[str, Any] | None = None, *, root: Path = ROOT, o
         raise ValueError(f"no notebook has a parameter {unknown[0]!r}; "
                          f"known parameters: {sorted(set().union(*declared.values()))}")
     own = {nb: {k: v for k, v in parameters.items() if k in declared[nb]} for nb in notebooks}
-    preflight(own.items())
+    checked = dict(zip(notebooks, preflight(own.items())))
 
     out.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_staging(out.parent)
@@ -343,7 +295,7 @@ def build_book(parameters: dict[str, Any] | None = None, *, root: Path = ROOT, o
         timings: dict[str, float] = {}
         for i, nb in enumerate(sorted(notebooks, key=reads_run_records), 1):
             print(f"[{i}/{len(notebooks)}] executing {nb.name} {own[nb] or ''}", flush=True)
-            timings[nb.stem] = execute_notebook(nb, staging / "notebooks" / f"{nb.stem}.ipynb", own[nb],
+            timings[nb.stem] = execute_notebook(nb, staging / "notebooks" / f"{nb.stem}.ipynb", checked[nb],
                                                 run_dir=run_dir, progress=progress)
             runlog.write("notebooks", f"{i:02d}-{nb.stem}", {"notebook": nb.stem, "seconds": timings[nb.stem],
                                                               "parameters": own[nb]}, folder=run_dir)

@@ -24,6 +24,11 @@ def _scalar(value: Any) -> Any:
     return value
 
 
+def is_number(value: Any) -> bool:
+    """Whether ``value`` is a real number (an integer, a float, a numpy scalar), not a boolean."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def fmt(value: Any, digits: int = 3) -> str:
     """``value`` for reading: integers whole, reals to ``digits`` significant digits, scientific notation only
     below 10⁻³ or from 10⁶, ``n/a`` for NaN, ``yes``/``no`` for booleans; a list is formatted element-wise."""

@@ -1,19 +1,25 @@
-"""Notebook parameters: one specification, checked in each notebook's first cell and by the CLI.
+"""Notebook parameters: one specification, one check per run, one frozen result that travels down.
 
-Every notebook of the book has a cell tagged ``parameters``; the cell after it calls
-:func:`validate` on its own parameters, so an invalid value stops that notebook at once with a
-``ValueError`` naming the parameter and the allowed values. :data:`SPECS` says what each parameter
-accepts, :data:`RULES` how parameters bound one another and the :data:`FACTS` of the model and the corpus.
-``attn-companion`` checks every notebook with the same function, its defaults filled in and the facts
-read (``attn_utils.book.build.preflight``), before it executes anything.
+:data:`SPECS` says what each parameter accepts, :data:`RULES` how parameters bound one another and the :data:`FACTS`
+of the model, the corpus and the machine that some rules read. Every rule lives here and nowhere else: below the
+book layer only shapes and types are checked.
+
+A run is checked once, before anything executes: ``attn-companion`` (``attn_utils.book.build.preflight``) calls
+:func:`resolve` on each notebook's values (its defaults with what was passed over them), which reads the facts
+(``model='auto'`` is resolved there, once) and returns a frozen :class:`Parameters`. The executed notebook receives
+that result through :func:`checked` in the cell after its parameters, and ``Session.open(p)`` takes it as it is.
+Run by hand, the notebook's :func:`checked` does the same check itself.
 """
 from __future__ import annotations
 
+import json
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
 
 from attn_utils.mathematics import registry
 
@@ -115,6 +121,7 @@ SPECS: dict[str, Spec] = {
 
 # fact -> (the parameters it is read from, what it is); attn-companion reads them before any notebook runs
 FACTS = {
+    "model_choice": (("model",), "the model that model='auto' stands for, and why (read once, by the preflight)"),
     "context": (("model",), "the model's context length in tokens, from its configuration"),
     "corpus_tokens": (("model", "corpus"), "the tokens of the corpus (its chapters) under the model's tokenizer"),
     "cuda_devices": (("device",), "the number of CUDA GPUs that torch sees on this machine"),
@@ -122,11 +129,13 @@ FACTS = {
 
 
 class ParameterError(ValueError):
-    """An invalid parameter value; ``names`` are the parameters (and facts) that the failed check involves."""
+    """An invalid parameter value; ``names`` are the parameters (and facts) that the failed check involves, ``facts``
+    the facts read until then."""
 
-    def __init__(self, names: tuple[str, ...], message: str):
+    def __init__(self, names: tuple[str, ...], message: str, facts: Mapping[str, Any] | None = None):
         super().__init__(message)
         self.names = names
+        self.facts = dict(facts or {})
 
 
 @dataclass(frozen=True)
@@ -206,31 +215,197 @@ RULES: tuple[Rule, ...] = (  # in this order: a rule may use a value that an ear
 )
 
 
-class Parameters(dict):
-    """The validated parameters, with the values that :data:`RULES` derived; also readable as attributes."""
+def _frozen(value: Any) -> Any:
+    """``value`` with every list made a tuple (JSON gives lists back; :class:`Parameters` holds tuples)."""
+    return tuple(_frozen(v) for v in value) if isinstance(value, (list, tuple)) else value
 
-    __getattr__ = dict.__getitem__
+
+def thawed(value: Any) -> Any:
+    """``value`` with every tuple made a list again: a value as a notebook's parameters cell writes it."""
+    return [thawed(v) for v in value] if isinstance(value, tuple) else value
 
 
-def validate(*, facts: dict[str, Any] | None = None, **values: Any) -> Parameters:
+class Parameters(Mapping):
+    """The checked parameters of one run, frozen: the values the notebook uses (with the values that :data:`RULES`
+    derived; lists as tuples), read as ``p.L`` or ``p["L"]``. ``given`` holds the values the run was given (the
+    notebook's defaults with what was passed over them) and ``facts`` the :data:`FACTS` that were read for the
+    rules, and ``model_choice``: the model that ``model='auto'`` stands for, and why.
+
+    Made by :func:`validate` (facts given) or :func:`resolve` (facts read), once per run: the build's preflight
+    hands it to the executed notebook (:func:`checked`), and ``Session.open(p)`` takes it as it is."""
+
+    def __init__(self, values: Mapping[str, Any], given: Mapping[str, Any] | None = None,
+                 facts: Mapping[str, Any] | None = None):
+        object.__setattr__(self, "_values", {k: _frozen(v) for k, v in values.items()})
+        object.__setattr__(self, "given", MappingProxyType({k: _frozen(v) for k, v in (given or values).items()}))
+        object.__setattr__(self, "facts", MappingProxyType({k: _frozen(v) for k, v in (facts or {}).items()}))
+
+    def __getitem__(self, name: str) -> Any:
+        return self._values[name]
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(f"no parameter {name!r}; the parameters are {sorted(self._values)}") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Parameters are frozen: validate new values instead")
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"Parameters({self._values!r})"
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, Parameters):
+            return (self._values, dict(self.given), dict(self.facts)) == (other._values, dict(other.given),
+                                                                             dict(other.facts))
+        return NotImplemented
+
+    __hash__ = None
+
+    @property
+    def model_name(self) -> str:
+        """The model measured: ``model`` with ``auto`` resolved (from the facts, when they were read)."""
+        return self.facts["model_choice"][0] if "model_choice" in self.facts else self._values["model"]
+
+    def __reduce__(self):
+        return Parameters.from_json, (self.to_json(),)
+
+    def to_json(self) -> str:
+        return json.dumps({"values": self._values, "given": dict(self.given), "facts": dict(self.facts)})
+
+    @classmethod
+    def from_json(cls, text: str) -> "Parameters":
+        data = json.loads(text)
+        return cls(data["values"], data["given"], data["facts"])
+
+
+def validate(*, facts: Mapping[str, Any] | None = None, **values: Any) -> Parameters:
     """Check every given parameter against :data:`SPECS`, then every rule of :data:`RULES` whose parameters are given
     (rules on :data:`FACTS` apply when ``facts`` has them); raise :class:`ParameterError` naming the first bad one.
     Returns the values the notebook uses (``Ns`` not below ``L`` dropped...)."""
+    return _check(values, lambda name, known: (facts or {}).get(name))
+
+
+def resolve(values: Mapping[str, Any], *, cache: dict | None = None) -> Parameters:
+    """:func:`validate` with the :data:`FACTS` read as the rules need them: the model ``auto`` stands for (said on
+    the terminal), its context from its configuration (no weights are loaded), the corpus tokenized as far as the
+    window needs, the CUDA GPUs. ``cache`` keeps models, tokenizers and texts between the runs of one preflight."""
+    return _check(dict(values), _FactReader({} if cache is None else cache).read)
+
+
+def _check(values: dict[str, Any], fact: Callable[[str, dict], Any]) -> Parameters:
+    """The one check: specs, then rules in order; a fact a rule needs is asked of ``fact(name, values so far)``
+    (``None``: not known, and the rules on it do not apply)."""
     for name, value in values.items():
         spec = SPECS.get(name)
         if spec is None:
             raise ParameterError((name,), f"unknown parameter {name!r}; known parameters: {sorted(SPECS)}")
         if not spec.check(value):
             raise ParameterError((name,), f"parameter {name} must be {spec.allowed}, got {value!r}")
-    resolved = Parameters(values)
-    known = {**(facts or {}), **resolved}
+    known, facts = dict(values), {}
+
+    def read(name: str) -> None:
+        if name in FACTS and name not in facts:
+            found = fact(name, known)
+            if found is not None:
+                facts[name] = found
+
+    if known.get("model") == "auto":
+        read("model_choice")
     for rule in RULES:
-        if all(n in known for n in rule.names):
+        for name in rule.names:
+            read(name)
+        if all(n in known or n in facts for n in rule.names):
             try:
-                resolved[rule.names[0]] = known[rule.names[0]] = rule.derive(*(known[n] for n in rule.names))
+                known[rule.names[0]] = rule.derive(*(known[n] if n in known else facts[n] for n in rule.names))
             except ValueError as err:
-                raise ParameterError(rule.names, str(err)) from None
-    return resolved
+                raise ParameterError(rule.names, str(err), facts) from None
+    return Parameters(known, values, facts)
+
+
+class _FactReader:
+    """Reads the :data:`FACTS` of a run's values; torch and transformers are imported only when a fact is read."""
+
+    def __init__(self, cache: dict):
+        self.cache = cache
+
+    def once(self, key: tuple, read: Callable[[], Any]) -> Any:
+        if key not in self.cache:
+            self.cache[key] = read()
+        return self.cache[key]
+
+    def read(self, name: str, known: dict[str, Any]) -> Any:
+        if not all(s in known for s in FACTS[name][0]):
+            return None
+        if name == "cuda_devices":
+            import torch
+
+            return self.once(("cuda",), torch.cuda.device_count)
+        if name == "model_choice":
+            return self.once(("auto",), self._auto)
+        from attn_utils.models.loading import load_tokenizer, model_context
+
+        model = self.once(("auto",), self._auto)[0] if known["model"] == "auto" else known["model"]
+        if name == "context":
+            return self.once(("context", model), lambda: self._of_model(model, model_context))
+        if name == "corpus_tokens":
+            from attn_utils.models.corpus import count_tokens, load_text
+
+            corpus, chapters = known["corpus"], known.get("chapters")
+            tokenizer = self.once(("tokenizer", model), lambda: self._of_model(model, load_tokenizer))
+            try:
+                text = self.once(("text", corpus, str(chapters)), lambda: load_text(
+                    None if corpus == "war-and-peace" else corpus, chapters=tuple(chapters) if chapters else None).text)
+            except (OSError, ValueError) as err:
+                within = f", chapters = {list(chapters)}" if chapters else ""
+                raise ParameterError(("corpus",), f"corpus = {corpus!r}{within}: {err}") from None
+            needed = known.get("offset", 0) + known["L"]
+            return self.once(("tokens", model, corpus, str(chapters), needed),
+                             lambda: count_tokens(text, tokenizer, needed))
+        return None
+
+    @staticmethod
+    def _auto() -> tuple[str, str]:
+        from attn_utils.models.loading import choose_auto
+
+        name, why = choose_auto()
+        print(f"model 'auto' -> {name}: {why}", flush=True)
+        return name, why
+
+    @staticmethod
+    def _of_model(model: str, read: Callable[[str], Any]) -> Any:
+        try:
+            return read(model)
+        except OSError as err:  # a folder without its configuration or tokenizer files
+            raise ParameterError(("model",), f"model {model!r}: {err}") from None
+
+
+#: the environment variable by which a build, run or sweep hands a notebook the Parameters its preflight checked
+PARAMETERS_ENV = "ATTN_COMPANION_PARAMETERS"
+
+
+def checked(**values: Any) -> Parameters:
+    """The parameters of the running notebook (every one it declares), checked once.
+
+    In a build, run or sweep, the preflight has checked them already and left its :class:`Parameters` in the file
+    named by ``$ATTN_COMPANION_PARAMETERS``: they are returned as they are, once it is sure that they are the values
+    this notebook holds (a ``RuntimeError`` otherwise). Run by hand (Jupyter, papermill), the values are checked
+    here, facts included (:func:`resolve`)."""
+    path = os.environ.get(PARAMETERS_ENV)
+    if not path:
+        return resolve(values)
+    p = Parameters.from_json(Path(path).read_text())
+    if dict(p.given) != {k: _frozen(v) for k, v in values.items()}:
+        raise RuntimeError(f"the parameters this notebook holds, {values}, are not those its preflight checked, "
+                           f"{dict(p.given)} (${PARAMETERS_ENV} = {path})")
+    return p
 
 
 def describe(defaults: dict[str, Any]) -> str:
@@ -244,7 +419,7 @@ def describe(defaults: dict[str, Any]) -> str:
     lines = []
     for name, default in defaults.items():
         spec = SPECS.get(name, Spec("? (not in attn_utils.book.params.SPECS)", bool, "?"))
-        used = f" (used: {derived[name]!r})" if derived[name] != default else ""
+        used = f" (used: {thawed(derived[name])!r})" if thawed(derived[name]) != default else ""
         lines += [f"  {name} = {default!r}{used}", f"      {spec.doc}", f"      allowed: {spec.allowed}"]
         lines += [f"      rule: {rule.states}" for rule in RULES if set(rule.names) <= available
                   and (name in rule.names or any(name in FACTS[f][0] for f in rule.names if f in FACTS))]

@@ -1,6 +1,6 @@
 """What every model experiment of the book starts from: a model, a window of the corpus, a provenance record.
 
-``Session.open(model=..., corpus=..., L=...)`` loads the model (``attn_utils.models.loading``), cuts the window
+``Session.open(p)`` (``p``: the checked parameters of a notebook) loads the model (``attn_utils.models.loading``), cuts the window
 (``attn_utils.models.corpus``), starts the provenance clock, and then captures attention layer by layer
 (``attn_utils.models.capture``) in the form the paper's algorithms take: ``(layers, heads, L, L)`` weights and
 logits, ``(layers, heads, L, d)`` vectors.
@@ -16,10 +16,13 @@ from attn_utils.book import runlog
 from attn_utils.models.capture import AttentionCapture, LayerCapture, capture_all
 from attn_utils.models.corpus import Corpus, load_text, token_windows
 from attn_utils.models.loading import load_model
-from attn_utils.book.params import validate
+from attn_utils.book.params import Parameters, resolve
 from attn_utils.models.provenance import Provenance
 
 VECTOR_FIELD = {"value": "v", "key": "k", "query": "q"}
+#: what :meth:`Session.open` assumes for the values it is not given
+OPEN_DEFAULTS = {"model": "auto", "corpus": "war-and-peace", "chapters": None, "offset": 0, "L": 1024, "seed": 0,
+                 "device": "auto"}
 
 
 @dataclass
@@ -33,20 +36,30 @@ class Session:
     input_ids: torch.Tensor  # (L,)
 
     @classmethod
-    def open(cls, *, model: str = "auto", corpus: str = "war-and-peace", chapters=None, offset: int = 0,
-             L: int = 1024, seed: int = 0, device: str = "auto") -> "Session":
-        """Load ``model`` on ``device`` (``"auto"``: the GPU when there is one, else the CPU) and the window of ``L``
-        tokens of ``corpus`` starting at token ``offset``. The forward passes run on that device, and the captured
-        tensors stay there: the analysis (``attn_utils.mathematics``, which makes every tensor on the device of its
-        inputs) runs there too, in float64 where a bound is checked; tables and figures read them through
-        ``.cpu()``."""
-        validate(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed, device=str(device))
-        net, tokenizer, prov = load_model(model, device=device, seed=seed)
+    def open(cls, p: Parameters | None = None, /, **values) -> "Session":
+        """Open the model and window of the checked parameters ``p`` (``model``, ``corpus``, ``chapters``, ``offset``,
+        ``L``, ``seed``, ``device``; from a notebook's :func:`~attn_utils.book.params.checked` or the build's
+        preflight), taken as they are. Without ``p``, ``values`` over :data:`OPEN_DEFAULTS` are checked here
+        (:func:`~attn_utils.book.params.resolve`).
+
+        ``model`` is loaded on ``device`` (``"auto"``: the GPU when there is one, else the CPU) and the window of ``L``
+        tokens of ``corpus`` starting at token ``offset`` is cut. The forward passes run on that device, and the
+        captured tensors stay there: the analysis (``attn_utils.mathematics``, which makes every tensor on the
+        device of its inputs) runs there too, in float64 where a bound is checked; tables and figures read them
+        through ``.cpu()``."""
+        if p is None:
+            p = resolve({**OPEN_DEFAULTS, **values})
+        elif values:
+            raise TypeError("Session.open takes checked Parameters or keyword values, not both")
+        choice = p.facts.get("model_choice")
+        net, tokenizer, prov = load_model(p.model, device=p.device, seed=p.seed,
+                                          chosen=tuple(choice) if choice else None)
         prov.start()
-        prov.seed = seed
-        text = load_text(None if corpus == "war-and-peace" else corpus, chapters=tuple(chapters) if chapters else None)
-        ids = token_windows(text, tokenizer, L, offset=offset)[0].to(prov.device)
-        prov.add_corpus(text, L=L, offset=offset)
+        prov.seed = p.seed
+        text = load_text(None if p.corpus == "war-and-peace" else p.corpus,
+                         chapters=tuple(p.chapters) if p.chapters else None)
+        ids = token_windows(text, tokenizer, p.L, offset=p.offset)[0].to(prov.device)
+        prov.add_corpus(text, L=p.L, offset=p.offset)
         return cls(net, tokenizer, prov, text, ids)
 
     @property
@@ -100,10 +113,11 @@ class Session:
         (``captured.temperature``) is ``1 / scaling``; ``"model"`` returns ``q.k * scaling``, what the model's
         softmax sees, with ``scaling`` set to 1, so that the model's temperature on that scale is 1. On both scales
         ``softmax(logits * scaling + mask)`` gives the model's weights."""
-        validate(logit_scale=logit_scale)
         captured = capture_all(self.model, self.input_ids, layers=layers, dtype=dtype, what=what)
         if logit_scale == "raw":
             return captured
+        if logit_scale != "model":
+            raise ValueError(f"logit_scale is 'raw' or 'model', got {logit_scale!r}")
         logits = captured.logits
         if logits is not None:
             logits = logits * captured.scaling.to(logits).view(-1, 1, 1, 1)  # on the logits' device and dtype
@@ -119,7 +133,8 @@ class Session:
 
     def vectors(self, captured: AttentionCapture, which: str = "value") -> torch.Tensor:
         """The per-head vectors playing the role of the paper's x_i: values (default), keys or queries."""
-        validate(vectors=which)
+        if which not in VECTOR_FIELD:
+            raise ValueError(f"which is one of {list(VECTOR_FIELD)}, got {which!r}")
         return getattr(captured, VECTOR_FIELD[which])
 
     @property
@@ -131,15 +146,10 @@ class Session:
         """The same model reading a longer window: ``length`` tokens of the same corpus from the same offset.
 
         Causal attention makes the rows t <= L of the longer window exactly those of this session's window, so one
-        forward pass gives the measurements of every window length up to ``length``. The new window is checked: it
-        must fit the model's context (``ValueError`` naming ``length`` and the context otherwise) and its first L
-        tokens must be this session's window (``RuntimeError`` otherwise). The model and the provenance are shared;
-        the provenance records the longer window. ``length == L`` returns this session."""
-        from dataclasses import replace as _replace
-
-        if isinstance(length, bool) or not isinstance(length, int) or not self.L <= length <= self.context:
-            raise ValueError(f"length must be an integer in [L, context] = [{self.L}, {self.context}] (the model's "
-                             f"context is {self.context} tokens), got {length!r}")
+        forward pass gives the measurements of every window length up to ``length`` (a checked value: one of
+        ``p.long_lengths``, within the model's context). The first L tokens of the new window must be this session's
+        window (``RuntimeError`` otherwise). The model and the provenance are shared; the provenance records the
+        longer window. ``length == L`` returns this session."""
         if length == self.L:
             return self
         offset = self.provenance.window_offsets[0]
@@ -148,7 +158,7 @@ class Session:
             raise RuntimeError(f"the first {self.L} tokens of the {length}-token window at offset {offset} are not the "
                                f"{self.L}-token window: the tokenization of the corpus is not stable")
         self.provenance.add_corpus(self.corpus, L=length, offset=offset)
-        return _replace(self, input_ids=ids)
+        return replace(self, input_ids=ids)
 
     def provenance_table(self):
         """Stop the clock and return the provenance as Markdown, for the end of an experiment."""

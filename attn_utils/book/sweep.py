@@ -30,6 +30,7 @@ import tempfile
 import threading
 import time
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -38,7 +39,8 @@ import pandas as pd
 
 from attn_utils.book import runlog
 from attn_utils.book.build import NotebookFailed, execute_notebook, preflight
-from attn_utils.book.formatting import fmt
+from attn_utils.book.formatting import fmt, is_number
+from attn_utils.book.params import Parameters
 
 RETRIES = 1  # a task that raises outside its notebook is retried once (a lost worker's task is retried by Dask)
 FIGURES = {"image/png": ("png", base64.b64decode), "image/svg+xml": ("svg", str.encode)}
@@ -77,7 +79,7 @@ def run_one(src: Path, parameters: dict[str, Any], out_root: Path, *, progress: 
     The folder's ``status.json`` says ``running``, then ``ok`` (with the seconds) or ``failed`` (with the
     error); a failed run keeps its executed notebook, traceback included. A re-run replaces the folder.
     """
-    preflight([(src, parameters)])
+    (checked,) = preflight([(src, parameters)])
     folder = run_folder(src, parameters, out_root)
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -85,7 +87,7 @@ def run_one(src: Path, parameters: dict[str, Any], out_root: Path, *, progress: 
     _write_status(folder, status="running")
     out = folder / f"{src.stem}.ipynb"
     try:
-        seconds = execute_notebook(src, out, parameters, run_dir=folder, progress=progress)
+        seconds = execute_notebook(src, out, checked, run_dir=folder, progress=progress)
         extract_figures(out, folder / "figures")
     except BaseException as exc:
         _write_status(folder, status="failed", error=str(exc) or type(exc).__name__)
@@ -119,9 +121,9 @@ _ONE_NOTEBOOK = threading.Lock()
 _WORKER_ONLY_ENV = "MALLOC_TRIM_THRESHOLD_"
 
 
-def execute_task(name: str, source: str, parameters: dict[str, Any]) -> dict[str, Any]:
+def execute_task(name: str, source: str, parameters: Parameters) -> dict[str, Any]:
     """The Dask task of one combination: execute the notebook ``source`` (the text of the ``py:percent`` file
-    ``name``) with ``parameters`` in a temporary folder of this worker, and return its run folder as data:
+    ``name``) with the checked ``parameters`` (of the client's preflight) in a temporary folder of this worker, and return its run folder as data:
     ``{"files": {relative path: bytes}, "status": {"status": "ok" | "failed", "seconds", "error", "worker"}}``.
     The files are the executed notebook and the run records the kernel wrote (``claims/``, ``timings/``,
     ``provenance/``); a notebook that raises is a ``failed`` status, not an exception."""
@@ -154,32 +156,50 @@ def combinations(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
     return [dict(zip(names, values)) for values in itertools.product(*(grid[n] for n in names))]
 
 
-def sweep(src: Path, grid: dict[str, list[Any]], out_root: Path, *, workers: int | None = None,
-          scheduler: str | None = None, force: bool = False, progress: bool = True) -> Path:
-    """Execute ``src`` for every combination of ``grid`` values on a Dask cluster; return the sweep's ``index.html``.
+@dataclass(frozen=True)
+class Cluster:
+    """Where a sweep's tasks run: a new ``LocalCluster`` of ``workers`` processes on 127.0.0.1 (one thread each;
+    default min(2, cores)), or the running Dask scheduler at ``scheduler``; not both."""
 
-    Every combination passes :func:`~attn_utils.book.build.preflight` before anything is submitted. A combination
-    whose run folder says ``ok`` is skipped unless ``force``. Without ``scheduler`` a ``LocalCluster`` of ``workers``
-    processes (default min(2, cores)) on 127.0.0.1 runs the tasks; with it, the scheduler at that address. Each
+    workers: int | None = None
+    scheduler: str | None = None
+
+    def __post_init__(self):
+        if self.workers is not None and self.scheduler is not None:
+            raise ValueError(f"--workers sizes the local cluster; the cluster of --scheduler {self.scheduler} has its "
+                             "own workers")
+        if self.workers is not None and (isinstance(self.workers, bool) or not isinstance(self.workers, int)
+                                         or self.workers < 1):
+            raise ValueError(f"--workers must be an integer >= 1, got {self.workers!r}")
+
+
+def sweep(src: Path, grid: dict[str, list[Any]], out_root: Path, *, cluster: Cluster = Cluster(),
+          force: bool = False, progress: bool = True) -> Path:
+    """Execute ``src`` for every combination of ``grid`` values on a Dask ``cluster``; return the sweep's
+    ``index.html``.
+
+    Every combination passes :func:`~attn_utils.book.build.preflight` before anything is submitted, and
+    :func:`sweep_checked` runs them. A combination whose run folder says ``ok`` is skipped unless ``force``."""
+    combos = combinations(grid)
+    return sweep_checked(src, sorted(grid), list(zip(combos, preflight([(src, c) for c in combos]))), out_root,
+                         cluster=cluster, force=force, progress=progress)
+
+
+def sweep_checked(src: Path, grid_names: list[str], runs: list[tuple[dict[str, Any], Parameters]], out_root: Path,
+                  *, cluster: Cluster = Cluster(), force: bool = False, progress: bool = True) -> Path:
+    """:func:`sweep` of ``runs``, pairs of a combination of the grid ``grid_names`` and its checked parameters. Each
     result is written to ``out_root/<notebook>/<slug>/`` as it arrives; a failing combination is recorded there
     (``status.json``: failed and the error) and does not stop the others. ``out_root/<notebook>/`` then gets
     ``results.parquet``, ``results.csv`` (:func:`results_table`), ``index.html`` and ``index.json``, also when the
     sweep is interrupted. Raises :class:`~attn_utils.book.build.NotebookFailed` at the end if a combination failed.
     """
-    if workers is not None and scheduler is not None:
-        raise ValueError(f"--workers sizes the local cluster; the cluster of --scheduler {scheduler} has its own "
-                         "workers")
-    if workers is not None and workers < 1:
-        raise ValueError(f"--workers must be an integer >= 1, got {workers}")
-    grid_names = sorted(grid)
-    combos = combinations(grid)
-    preflight([(src, params) for params in combos])
+    combos = [combo for combo, _ in runs]
     folder = Path(out_root) / src.stem
-    todo = [p for p in combos if force or _status(run_folder(src, p, out_root))["status"] != "ok"]
+    todo = [(c, p) for c, p in runs if force or _status(run_folder(src, c, out_root))["status"] != "ok"]
     if len(todo) < len(combos):
         print(f"{len(combos) - len(todo)} of {len(combos)} combinations already finished (status ok): skipped "
               f"(--force runs them again)", flush=True)
-    with _client(workers, scheduler) if todo else nullcontext() as client:
+    with _client(cluster) if todo else nullcontext() as client:
         try:
             if todo:
                 _submit_and_store(client, src, todo, out_root, progress=progress)
@@ -197,11 +217,12 @@ def sweep(src: Path, grid: dict[str, list[Any]], out_root: Path, *, workers: int
 
 
 @contextmanager
-def _client(workers: int | None, scheduler: str | None) -> Iterator[Any]:
-    """A Dask client of the scheduler at ``scheduler``, or of a new LocalCluster (closed on exit); prints where the
+def _client(cluster: Cluster) -> Iterator[Any]:
+    """A Dask client of the cluster's scheduler, or of a new LocalCluster (closed on exit); prints where the
     dashboard is."""
     from distributed import Client, LocalCluster  # imported when a sweep runs, not by workers unpickling a task
 
+    scheduler = cluster.scheduler
     if scheduler is not None:
         try:
             client = Client(scheduler)  # waits distributed.comm.timeouts.connect (Dask's configuration: 30 s)
@@ -211,7 +232,7 @@ def _client(workers: int | None, scheduler: str | None) -> Iterator[Any]:
             _say_dashboard(client)
             yield client
         return
-    n = workers or min(2, _cores())
+    n = cluster.workers or min(2, _cores())
     with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
                       dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as cluster, \
             Client(cluster) as client:
@@ -234,14 +255,16 @@ def _say_dashboard(client) -> None:
         print("Dask dashboard: off (the scheduler has no bokeh package, which the dashboard needs)", flush=True)
 
 
-def _submit_and_store(client, src: Path, todo: list[dict[str, Any]], out_root: Path, *, progress: bool) -> None:
-    """Submit one :func:`execute_task` per combination of ``todo``; write each result as it completes."""
+def _submit_and_store(client, src: Path, todo: list[tuple[dict[str, Any], Parameters]], out_root: Path, *,
+                      progress: bool) -> None:
+    """Submit one :func:`execute_task` per (combination, checked parameters) of ``todo``; write each result as it
+    completes."""
     from distributed import as_completed
     from tqdm.auto import tqdm
 
     source, token = src.read_text(), secrets.token_hex(4)
-    futures = {client.submit(execute_task, src.name, source, params, key=f"{src.stem}-{run_slug(params)}-{token}",
-                             pure=False, retries=RETRIES): params for params in todo}
+    futures = {client.submit(execute_task, src.name, source, checked, key=f"{src.stem}-{run_slug(params)}-{token}",
+                             pure=False, retries=RETRIES): params for params, checked in todo}
     bar = tqdm(total=len(futures), desc=f"sweep {src.stem}", unit="run", disable=not progress)
     try:
         for future in as_completed(futures):
@@ -285,10 +308,6 @@ def _label(parameters: dict[str, Any]) -> str:
 
 # --- comparing the runs -----------------------------------------------------------------------------------------
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
 def results_table(src: Path, names: list[str], combos: list[dict[str, Any]], out_root: Path) -> pd.DataFrame:
     """The tidy table of a sweep: one row per (combination, recorded ledger claim), and one row with no claim for a
     combination that recorded none. Columns: the swept parameters ``names`` (a list value as its JSON text),
@@ -305,7 +324,7 @@ def results_table(src: Path, names: list[str], combos: list[dict[str, Any]], out
                  "seconds": status.get("seconds"), "worker": status.get("worker"), "error": status.get("error")}
         recorded = runlog.read("claims", folder)
         for claim in recorded:
-            values = {f"value_{k}": float(v) for k, v in claim["values"].items() if _is_number(v)}
+            values = {f"value_{k}": float(v) for k, v in claim["values"].items() if is_number(v)}
             rows.append({**run, "claim": claim["key"], "chapter": claim["chapter"], "verdict": claim["verdict"],
                          **values, "measured_on": claim["model"], **about})
         if not recorded:
@@ -390,7 +409,7 @@ def _headline_numbers(names: list[str], table: pd.DataFrame, colours: dict[str, 
     points in their verdict's colour);
     a table of the headline numbers per claim and run where no swept parameter is numeric with several values."""
     claimed = table.dropna(subset=["claim"])
-    numeric = [n for n in names if claimed[n].map(_is_number).all() and claimed[n].nunique() > 1]
+    numeric = [n for n in names if claimed[n].map(is_number).all() and claimed[n].nunique() > 1]
     if claimed.empty:
         return "<p>No run recorded a claim.</p>"
     if not numeric:
@@ -412,7 +431,7 @@ def _headline_numbers(names: list[str], table: pd.DataFrame, colours: dict[str, 
 def _headline_table(names: list[str], claimed: pd.DataFrame) -> str:
     values = [c for c in claimed.columns if c.startswith("value_") and claimed[c].notna().any()]
     head = "".join(f"<th>{html.escape(c)}</th>" for c in [*names, "claim", "verdict", *values])
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt(row[c]) if _is_number(row[c]) else str(row[c]))}</td>"
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt(row[c]) if is_number(row[c]) else str(row[c]))}</td>"
                                     for c in [*names, "claim", "verdict", *values]) + "</tr>"
                    for _, row in claimed.iterrows())
     return f"<table><tr>{head}</tr>{body}</table>"

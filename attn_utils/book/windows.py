@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ast
 import json
-import numbers
 import statistics
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from typing import Any
 import pandas as pd
 
 from attn_utils.book import build, claims, runlog, sweep
+from attn_utils.book.formatting import is_number
 
 DEFAULT_K = 8
 MODEL_CHAPTERS = ("ch1_vanishing", "ch2_distance", "ch3_separability", "ch4_gradient")
@@ -101,11 +101,7 @@ def headline(key: str, values: dict[str, Any]) -> str | None:
     for _, condition in spec.rule.cases:
         nodes = [n for n in ast.walk(ast.parse(condition, mode="eval")) if isinstance(n, ast.Name)]
         names += [n.id for n in sorted(nodes, key=lambda n: n.col_offset)]
-    return next((n for n in names if _is_number(values.get(n))), None)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    return next((n for n in names if is_number(values.get(n))), None)
 
 
 def aggregate(records: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -123,7 +119,7 @@ def aggregate(records: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
         present = [r for r in per_window if r is not None]
         verdicts = [r["verdict"] if r else None for r in per_window]
         seen = list(dict.fromkeys(v for v in verdicts if v is not None))
-        numeric = [n for n in present[0]["values"] if all(_is_number(r["values"].get(n)) for r in present)]
+        numeric = [n for n in present[0]["values"] if all(is_number(r["values"].get(n)) for r in present)]
         values = {}
         for name in numeric:
             xs = [float(r["values"][name]) for r in present]
@@ -150,7 +146,7 @@ def table(result: dict[str, Any]) -> pd.DataFrame:
 
 
 def run_windows(k: int = DEFAULT_K, out: Path = Path("runs/windows"), *, notebooks: list[str] | None = None,
-                parameters: dict[str, Any] | None = None, workers: int | None = None, scheduler: str | None = None,
+                parameters: dict[str, Any] | None = None, cluster: sweep.Cluster = sweep.Cluster(),
                 force: bool = False, progress: bool = True) -> Path:
     """Execute ``notebooks`` (default :data:`MODEL_CHAPTERS`) on the ``k`` windows of :func:`choose_windows`, one
     :func:`~attn_utils.book.sweep.sweep` per notebook into ``out/<notebook>/``; write ``out/windows.json`` and
@@ -158,26 +154,23 @@ def run_windows(k: int = DEFAULT_K, out: Path = Path("runs/windows"), *, noteboo
     run leaves its window out of its claims (``stable`` is then false) and raises
     :class:`~attn_utils.book.build.NotebookFailed` after the result is written."""
     notebooks = list(notebooks or MODEL_CHAPTERS)
-    if workers is not None and scheduler is not None:
-        raise ValueError(f"--workers sizes the local cluster; the cluster of --scheduler {scheduler} has its own "
-                         "workers")
-    if workers is not None and workers < 1:
-        raise ValueError(f"--workers must be an integer >= 1, got {workers}")
     text, starts, common, grids = plan(k, notebooks, dict(parameters or {}))
     sources = {nb: build.resolve_notebook(nb) for nb in notebooks}
-    build.preflight([(sources[nb], combo) for nb in notebooks for combo in sweep.combinations(grids[nb])])
+    combos = {nb: sweep.combinations(grids[nb]) for nb in notebooks}
+    checked = iter(build.preflight([(sources[nb], combo) for nb in notebooks for combo in combos[nb]]))
+    todo = {nb: [(combo, next(checked)) for combo in combos[nb]] for nb in notebooks}
     failures = []
     for i, nb in enumerate(notebooks, 1):
         print(f"[{i}/{len(notebooks)}] {nb} on {k} window{'s' * (k > 1)}", flush=True)
         try:
-            sweep.sweep(sources[nb], grids[nb], out, workers=workers, scheduler=scheduler, force=force,
-                        progress=progress)
+            sweep.sweep_checked(sources[nb], sorted(grids[nb]), todo[nb], out, cluster=cluster, force=force,
+                                progress=progress)
         except build.NotebookFailed as exc:
             failures.append(f"{nb}: {exc}")
     records, runs = [[] for _ in starts], {}
     for nb in notebooks:
         runs[nb] = []
-        for w, combo in enumerate(sweep.combinations(grids[nb])):
+        for w, combo in enumerate(combos[nb]):
             folder = sweep.run_folder(sources[nb], combo, out)
             status = json.loads((folder / "status.json").read_text()) if (folder / "status.json").is_file() else {}
             runs[nb].append({"chapter": starts[w], "run": folder.relative_to(out).as_posix(),

@@ -21,8 +21,6 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
-from attn_utils.models.loading import context_length
-
 CAPTURE_IMPLEMENTATION = "attn_companion_capture"
 FIELDS = ("q", "k", "v", "logits", "weights", "mask")
 
@@ -157,10 +155,6 @@ def _check_input(model, input_ids) -> torch.Tensor:
     if not isinstance(input_ids, torch.Tensor) or input_ids.dtype != torch.long or input_ids.dim() not in (1, 2):
         raise ValueError("input_ids must be a LongTensor of shape (L,) or (batch, L), e.g. from token_windows()")
     ids = input_ids.unsqueeze(0) if input_ids.dim() == 1 else input_ids
-    limit = context_length(model)
-    if ids.shape[1] > limit:
-        raise ValueError(f"the window has {ids.shape[1]} tokens but {type(model).__name__} accepts at most {limit}; "
-                         f"use L <= {limit}")
     if model.training:
         raise ValueError("the model is in training mode (dropout active); call model.eval() first")
     return ids.to(model.device)

@@ -1,6 +1,6 @@
 """Texts to feed the models: War and Peace (Project Gutenberg #2600) or any UTF-8 file, cut into token windows.
 
-War and Peace ships with the project: ``attn_utils/data/pg2600.txt.xz`` is the exact file that Project Gutenberg
+War and Peace ships with the project: ``attn_utils/models/data/pg2600.txt.xz`` is the exact file that Project Gutenberg
 serves as ``pg2600.txt`` (its licence header and footer kept, as Gutenberg's terms ask of a verbatim copy),
 compressed. Its sha256 is pinned in :data:`WAR_AND_PEACE_SHA256` and checked every time it is read, so the novel
 never needs the network and a damaged or edited copy is refused. :func:`refresh_war_and_peace` downloads the file
@@ -51,7 +51,7 @@ def sha256_file(path: str | os.PathLike) -> str:
 
 
 def _repair_hint() -> str:
-    return (f"restore the shipped copy (`git checkout -- attn_utils/data/{WAR_AND_PEACE_DATA.name}` in a clone, or "
+    return (f"restore the shipped copy (`git checkout -- attn_utils/models/data/{WAR_AND_PEACE_DATA.name}` in a clone, or "
             "reinstall the package), or download it again with `attn-companion corpus --refresh`")
 
 
@@ -87,7 +87,7 @@ def refresh_war_and_peace(url: str = WAR_AND_PEACE_URL, dest: Path | None = None
     if found != WAR_AND_PEACE_SHA256:
         raise ValueError(f"{url} served a file with sha256 {found}, not the pinned {WAR_AND_PEACE_SHA256}; the shipped "
                          "copy is kept. If Project Gutenberg has published a new edition, pinning it is a deliberate "
-                         "change (WAR_AND_PEACE_SHA256 in attn_utils/corpus.py): every number of the book may move.")
+                         "change (WAR_AND_PEACE_SHA256 in attn_utils/models/corpus.py): every number of the book may move.")
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=dest.parent, suffix=".part")
     try:
@@ -194,8 +194,23 @@ def load_text(path: str | os.PathLike | None = None, chapters: tuple[int, int] |
                   chapter_titles=tuple(t for t, _ in selected), n_chapters=len(found))
 
 
-def _encode(text: str, tokenizer) -> list[int]:
-    return tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+def count_tokens(text: str, tokenizer, needed: int) -> int:
+    """The tokens of ``text`` (without special tokens), counted on a prefix long enough to hold ``needed`` of them
+    (see :func:`prefix_ids`): ``needed`` or more when the text has them, else all of its tokens."""
+    return len(prefix_ids(text, tokenizer, needed))
+
+
+def prefix_ids(text: str, tokenizer, needed: int) -> list[int]:
+    """The token ids of the shortest prefix of ``text`` found to hold ``needed`` tokens and a margin of 64 (so that
+    cutting it inside a word cannot change the first ``needed``), or of the whole text when it has fewer; tokenized
+    without special tokens. The prefix starts at 6 characters a token and doubles."""
+    margin = 64
+    chars = 6 * (needed + margin)
+    while True:
+        ids = tokenizer(text[:chars], add_special_tokens=False, verbose=False)["input_ids"]
+        if chars >= len(text) or len(ids) >= needed + margin:
+            return ids
+        chars *= 2
 
 
 def token_windows(text: str | Corpus, tokenizer, L: int, offset: int = 0, n_windows: int = 1) -> torch.Tensor:
@@ -203,27 +218,14 @@ def token_windows(text: str | Corpus, tokenizer, L: int, offset: int = 0, n_wind
 
     Returns a LongTensor of shape ``(n_windows, L)``; window ``i`` holds tokens ``offset + i*L`` to
     ``offset + (i+1)*L - 1`` of the text, tokenized without special tokens (no BOS/EOS). Only a prefix long
-    enough for the windows is tokenized. ``L`` above ``tokenizer.model_max_length`` is refused.
+    enough for the windows is tokenized (:func:`prefix_ids`). The values are the caller's to check
+    (``attn_utils.book.params``); a text too short for the windows cannot give that shape (``ValueError``).
     """
     if isinstance(text, Corpus):
         text = text.text
-    L = check_int("L", L, 1)
-    offset = check_int("offset", offset, 0)
-    n_windows = check_int("n_windows", n_windows, 1)
-    limit = getattr(tokenizer, "model_max_length", None)
-    if limit is not None and L > limit:
-        raise ValueError(f"L={L} exceeds the model's context of {limit} tokens; choose L <= {limit}")
     needed = offset + n_windows * L
-    margin = 64  # tokens beyond the windows, so a prefix cut inside a word cannot change them
-    chars = 6 * (needed + margin)
-    while True:
-        ids = _encode(text[:chars], tokenizer)
-        if chars >= len(text) or len(ids) >= needed + margin:
-            break
-        chars *= 2
+    ids = prefix_ids(text, tokenizer, needed)
     if len(ids) < needed:
-        raise ValueError(
-            f"the text has {len(ids)} tokens but offset + n_windows * L = {offset} + {n_windows} * {L} = {needed} "
-            "are needed; lower offset, n_windows or L, or use a longer text (e.g. more chapters)"
-        )
+        raise ValueError(f"the text has {len(ids)} tokens, fewer than the offset + n_windows * L = {needed} that "
+                         f"{n_windows} window(s) of shape ({n_windows}, {L}) need")
     return torch.tensor(ids[offset:needed], dtype=torch.long).view(n_windows, L)

@@ -56,23 +56,11 @@ def models_dir() -> Path:
 
 
 def resolve_device(device: str | torch.device = "cpu") -> torch.device:
-    """A ``torch.device``: ``"auto"`` is the first CUDA GPU when torch sees one, else the CPU; a GPU that is not
-    there is a ``ValueError`` saying so."""
+    """A ``torch.device``: ``"auto"`` is the first CUDA GPU when torch sees one, else the CPU; any other value is
+    torch's (the parameter rule, a GPU that is there, is ``attn_utils.book.params``'s)."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as err:
-        raise ValueError(f"device={device!r} is not a torch device ({err}); use 'auto', 'cpu' or 'cuda'") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device={device!r} was requested but no CUDA GPU is available here (torch "
-                             f"{torch.__version__}, CUDA build: {torch.version.cuda}); use device='cpu' or 'auto'")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"device={device!r}: only {torch.cuda.device_count()} CUDA device(s) exist")
-    if dev.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"device={device!r} was requested but MPS is not available here; use device='cpu'")
-    return dev
+    return torch.device(device)
 
 
 def context_length(model) -> int:
@@ -95,18 +83,19 @@ def architecture(model) -> dict:
 
 
 def load_model(name: str = "auto", *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-               seed: int = 0):
+               seed: int = 0, chosen: tuple[str, str] | None = None):
     """Load ``name`` and return ``(model, tokenizer, provenance)``.
 
     ``name`` is one of ``KNOWN_MODELS``, a local folder (config.json + *.safetensors) or a Hugging Face hub id
     ("org/name"; the local Hugging Face cache first, then the hub with a ``HUB_TIMEOUT_S`` timeout, never when
-    HF_HUB_OFFLINE is set). ``seed`` only matters for ``gpt2-random``. ``tokenizer.model_max_length`` is set to the
-    model's context length.
+    HF_HUB_OFFLINE is set). ``seed`` only matters for ``gpt2-random``. ``chosen``, ``(name, why)``, is what
+    ``auto`` stands for when the caller resolved it already (:func:`choose_auto`, once per build), so the hub is not
+    asked again. ``tokenizer.model_max_length`` is set to the model's context length.
     """
     dev = resolve_device(device)
     notes = []
     if name == "auto":
-        chosen, why = choose_auto()
+        chosen, why = chosen or choose_auto()
         notes.append(f"auto: took {chosen} because {why}")
         model, tokenizer, info = _load_hf(chosen, dtype) if chosen == "gpt2" else _load_smollm2(dtype)
     elif name == "gpt2-random":
