@@ -3,6 +3,7 @@
 #   make test   - install into .venv, run the test suite
 # PARAMS="name=value ..." passes notebook parameters to every notebook of `make book`;
 # WINDOWS=runs/windows/windows.json adds the verdicts across K windows (attn-companion windows) to the ledger.
+# FRESH=1 executes every notebook again instead of taking unchanged ones from the execution cache (_build/cache).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -42,7 +43,7 @@ lock:
 	sed -i 's/^torch==\(.*\)+cpu$$/torch==\1/' $(LOCK)
 
 book: $(STAMP)
-	$(VENV)/bin/attn-companion book --params "$(PARAMS)" $(if $(WINDOWS),--windows "$(WINDOWS)")
+	$(VENV)/bin/attn-companion book --params "$(PARAMS)" $(if $(WINDOWS),--windows "$(WINDOWS)") $(if $(FRESH),--no-cache)
 
 # two workers, one per core, each with one intra-op thread (more would oversubscribe the cores); the tests of a
 # module stay on one worker (the scheduler of tests/conftest.py, so the whole-book build of tests/test_book.py runs
@@ -56,6 +57,7 @@ benchmark: $(STAMP)
 	$(PY) benchmarks/bench_capture.py
 	$(PY) benchmarks/bench_gpu.py
 
+# the built book, its run records and the execution cache
 clean:
 	rm -rf _build
 

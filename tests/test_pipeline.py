@@ -102,8 +102,8 @@ def test_build_book_then_failed_build_keeps_previous(tiny_book, tmp_path):
     result = build.build_book({"N": 4}, root=tiny_book, out=out, progress=False)
     page = (out / "notebooks" / "tiny.html").read_text()
     assert "The answer is" in page and ">8<" in page  # glue 2 * N reached the prose
-    assert set(result.timings) == {"tiny"} and result.timings["tiny"] > 0
-    assert result.records == tmp_path / "html-records" and (result.records / "notebooks").is_dir()
+    assert set(result.executions) == {"tiny"} and result.executions["tiny"].seconds > 0
+    assert result.records == tmp_path / "html-records" and (result.records / "status").is_dir()
     # a notebook that raises: the pipeline names it, and the previous book stays
     src = tiny_book / "notebooks" / "tiny.py"
     src.write_text(src.read_text().replace("p = checked(N=N, seed=seed)", "raise ValueError('boom from the notebook')"))

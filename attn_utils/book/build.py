@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -30,6 +30,8 @@ import yaml
 from traitlets.config import Config
 
 from attn_utils.book import runlog
+from attn_utils.book.cache import Cache, merge, now, restore, snapshot, written
+from attn_utils.book.cache import key as cache_key
 from attn_utils.book.params import FACTS, PARAMETERS_ENV, ParameterError, Parameters, resolve, thawed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -223,11 +225,61 @@ def book_notebooks(root: Path = ROOT) -> list[Path]:
     return [root / f"{f}.py" for f in toc_files(root) if f.startswith("notebooks/")]
 
 
+@dataclass(frozen=True)
+class Execution:
+    """How a notebook's outputs were had: executed now, or restored from the cache (``cached``), with the time and
+    date of the execution that produced them."""
+
+    seconds: float
+    executed_at: str
+    cached: bool
+
+    def __str__(self) -> str:
+        if self.cached:
+            return f"from cache (executed {self.executed_at.replace('T', ' ')[:16]} in {self.seconds:.1f} s)"
+        return f"executed in {self.seconds:.1f} s"
+
+
+def run_notebook(src: Path, out: Path, p: Parameters, *, run_dir: Path, cache: Cache, reuse: bool = True,
+                 progress: bool = True, reads_records: bool = False) -> Execution:
+    """Execute ``src`` into ``out`` with the checked ``p``, its records into ``run_dir`` (:func:`execute_notebook`),
+    or, when ``reuse`` and the cache holds an execution under the same key (:func:`attn_utils.book.cache.key`;
+    with ``reads_records``, the records already in ``run_dir`` belong to the key), restore that execution under the
+    notebook's current prose and its records into ``run_dir``. A fresh execution is stored in the cache."""
+    key = cache_key(src, p, records=run_dir if reads_records else None)
+    entry = cache.get(key) if reuse else None
+    if entry is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(merge(src, entry.notebook), out)
+        restore(entry.records, run_dir)
+        return Execution(entry.seconds, entry.executed_at, True)
+    before, executed_at = snapshot(run_dir), now()
+    seconds = execute_notebook(src, out, p, run_dir=run_dir, progress=progress)
+    records = {rel: data for rel, data in written(before, run_dir).items() if (run_dir / rel).resolve() != out.resolve()}
+    cache.put(key, out.read_bytes(), records, seconds, executed_at)
+    return Execution(seconds, executed_at, False)
+
+
+def status_markdown(executions: dict[str, Execution]) -> str:
+    """The build's execution status, for the reproducibility chapter: per notebook, whether it was executed in this
+    build or restored from the cache, when its outputs were computed and in how many seconds."""
+    rows = [f"| {nb} | {'from the cache' if e.cached else 'executed in this build'} | "
+            f"{e.executed_at.replace('T', ' ')[:16]} | {e.seconds:.1f} |" for nb, e in executions.items()]
+    executed = [e for e in executions.values() if not e.cached]
+    total = sum(e.seconds for e in executions.values()) / 60
+    return "\n".join([
+        "| notebook | outputs | computed at | seconds |", "|:--|:--|:--|--:|", *rows, "",
+        f"Computing every notebook's outputs took {total:.1f} minutes; this build executed {len(executed)} of the "
+        f"{len(executions)} notebooks ({sum(e.seconds for e in executed) / 60:.1f} minutes) and took the others "
+        "from its execution cache, which keys each notebook on its code, parameters, the library's source, the "
+        "installed versions, the model's weights, the corpus, the device and the seed.", ""])
+
+
 @dataclass
 class BookResult:
     html: Path              # the built book
     records: Path           # the build's claims, provenance and timing records (attn_utils.book.runlog)
-    timings: dict[str, float]
+    executions: dict[str, Execution]
 
 
 def reads_run_records(src: Path) -> bool:
@@ -255,8 +307,8 @@ def check_repository(repository: str | None) -> str | None:
 
 
 def build_book(parameters: dict[str, Any] | None = None, *, root: Path = ROOT, out: Path | None = None,
-               progress: bool = True, repository: str | None = None,
-               windows: dict[str, Any] | None = None) -> BookResult:
+               progress: bool = True, repository: str | None = None, windows: dict[str, Any] | None = None,
+               reuse: bool = True, cache: Cache | None = None) -> BookResult:
     """Execute every notebook of the book and build the HTML into ``out`` (default ``_build/html``).
 
     A parameter is passed to every notebook that declares it; one that no notebook declares is an
@@ -266,6 +318,11 @@ def build_book(parameters: dict[str, Any] | None = None, *, root: Path = ROOT, o
     Colab buttons. ``windows``, a result of ``attn-companion windows`` (:func:`attn_utils.book.windows.load`), is
     left in the build's run records (``windows/windows.json``), where the ledger chapter reads it. On any failure
     the previous ``out`` is left untouched.
+
+    A notebook whose execution the cache (``cache``, default :class:`~attn_utils.book.cache.Cache` of the project's
+    ``_build/cache``) holds under the same key is not executed again unless ``reuse`` is False (``--no-cache``);
+    its outputs go under its current prose (:func:`run_notebook`). The reproducibility chapter shows what was
+    executed and what came from the cache (``_status.md``, written after the notebooks ran).
     """
     parameters = dict(parameters or {})
     repository = check_repository(repository or os.environ.get("ATTN_COMPANION_REPOSITORY"))
@@ -292,14 +349,16 @@ def build_book(parameters: dict[str, Any] | None = None, *, root: Path = ROOT, o
         run_dir.mkdir()
         if windows is not None:
             runlog.write("windows", "windows", windows, folder=run_dir)
-        timings: dict[str, float] = {}
+        cache = cache or Cache()
+        executions: dict[str, Execution] = {}
         for i, nb in enumerate(sorted(notebooks, key=reads_run_records), 1):
-            print(f"[{i}/{len(notebooks)}] executing {nb.name} {own[nb] or ''}", flush=True)
-            timings[nb.stem] = execute_notebook(nb, staging / "notebooks" / f"{nb.stem}.ipynb", checked[nb],
-                                                run_dir=run_dir, progress=progress)
-            runlog.write("notebooks", f"{i:02d}-{nb.stem}", {"notebook": nb.stem, "seconds": timings[nb.stem],
-                                                              "parameters": own[nb]}, folder=run_dir)
-            print(f"[{i}/{len(notebooks)}] {nb.name} done in {timings[nb.stem]:.1f} s", flush=True)
+            print(f"[{i}/{len(notebooks)}] {nb.name} {own[nb] or ''}", flush=True)
+            executions[nb.stem] = run_notebook(nb, staging / "notebooks" / f"{nb.stem}.ipynb", checked[nb],
+                                               run_dir=run_dir, cache=cache, reuse=reuse, progress=progress,
+                                               reads_records=reads_run_records(nb))
+            print(f"[{i}/{len(notebooks)}] {nb.name} {executions[nb.stem]}", flush=True)
+        (staging / "_status.md").write_text(status_markdown(executions))
+        runlog.write("status", "executions", {nb: asdict(e) for nb, e in executions.items()}, folder=run_dir)
         print("building the HTML with Jupyter Book", flush=True)
         build = subprocess.run([sys.executable, "-c", "from jupyter_book.cli.main import main; main()", "build", str(staging), "-W", "--keep-going",
                                 "--path-output", str(staging)], capture_output=True, text=True)
@@ -314,6 +373,6 @@ def build_book(parameters: dict[str, Any] | None = None, *, root: Path = ROOT, o
                 final.rename(old)
             new.rename(final)
             shutil.rmtree(old, ignore_errors=True)
-        return BookResult(out, records, timings)
+        return BookResult(out, records, executions)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

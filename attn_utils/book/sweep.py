@@ -30,7 +30,7 @@ import tempfile
 import threading
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -38,7 +38,9 @@ import nbformat
 import pandas as pd
 
 from attn_utils.book import runlog
-from attn_utils.book.build import NotebookFailed, execute_notebook, preflight
+from attn_utils.book.build import NotebookFailed, execute_notebook, preflight, run_notebook
+from attn_utils.book.cache import Cache, merge, now
+from attn_utils.book.cache import key as cache_key
 from attn_utils.book.formatting import fmt, is_number
 from attn_utils.book.params import Parameters
 
@@ -72,12 +74,14 @@ def extract_figures(notebook: Path, folder: Path) -> list[Path]:
     return files
 
 
-def run_one(src: Path, parameters: dict[str, Any], out_root: Path, *, progress: bool = True) -> Path:
+def run_one(src: Path, parameters: dict[str, Any], out_root: Path, *, progress: bool = True, reuse: bool = True,
+            cache: Cache | None = None) -> Path:
     """Execute ``src`` with ``parameters`` into ``out_root/<notebook>/<slug>/``; return the executed notebook.
 
     Parameters that fail :func:`~attn_utils.book.build.preflight` are refused before anything is written.
-    The folder's ``status.json`` says ``running``, then ``ok`` (with the seconds) or ``failed`` (with the
-    error); a failed run keeps its executed notebook, traceback included. A re-run replaces the folder.
+    The folder's ``status.json`` says ``running``, then ``ok`` (with the seconds, and whether the outputs came from
+    the execution cache: :func:`~attn_utils.book.build.run_notebook`, unless ``reuse`` is False) or ``failed``
+    (with the error); a failed run keeps its executed notebook, traceback included. A re-run replaces the folder.
     """
     (checked,) = preflight([(src, parameters)])
     folder = run_folder(src, parameters, out_root)
@@ -87,12 +91,14 @@ def run_one(src: Path, parameters: dict[str, Any], out_root: Path, *, progress: 
     _write_status(folder, status="running")
     out = folder / f"{src.stem}.ipynb"
     try:
-        seconds = execute_notebook(src, out, checked, run_dir=folder, progress=progress)
+        execution = run_notebook(src, out, checked, run_dir=folder, cache=cache or Cache(), reuse=reuse,
+                                 progress=progress)
         extract_figures(out, folder / "figures")
     except BaseException as exc:
         _write_status(folder, status="failed", error=str(exc) or type(exc).__name__)
         raise
-    _write_status(folder, status="ok", seconds=seconds)
+    print(f"{src.name} {execution}", flush=True)
+    _write_status(folder, status="ok", **asdict(execution))
     return out
 
 
@@ -131,10 +137,10 @@ def execute_task(name: str, source: str, parameters: Parameters) -> dict[str, An
     with _ONE_NOTEBOOK, tempfile.TemporaryDirectory(prefix="attn-companion-sweep-") as tmp:
         src, run = Path(tmp) / name, Path(tmp) / "run"
         src.write_text(source)
-        start = time.perf_counter()
+        start, executed_at = time.perf_counter(), now()
         try:
             seconds = execute_notebook(src, run / f"{src.stem}.ipynb", parameters, run_dir=run, progress=False)
-            status = {"status": "ok", "seconds": seconds}
+            status = {"status": "ok", "seconds": seconds, "executed_at": executed_at, "cached": False}
         except NotebookFailed as exc:
             status = {"status": "failed", "seconds": time.perf_counter() - start, "error": str(exc)}
         files = {p.relative_to(run).as_posix(): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
@@ -174,7 +180,7 @@ class Cluster:
 
 
 def sweep(src: Path, grid: dict[str, list[Any]], out_root: Path, *, cluster: Cluster = Cluster(),
-          force: bool = False, progress: bool = True) -> Path:
+          force: bool = False, progress: bool = True, reuse: bool = True, cache: Cache | None = None) -> Path:
     """Execute ``src`` for every combination of ``grid`` values on a Dask ``cluster``; return the sweep's
     ``index.html``.
 
@@ -182,13 +188,15 @@ def sweep(src: Path, grid: dict[str, list[Any]], out_root: Path, *, cluster: Clu
     :func:`sweep_checked` runs them. A combination whose run folder says ``ok`` is skipped unless ``force``."""
     combos = combinations(grid)
     return sweep_checked(src, sorted(grid), list(zip(combos, preflight([(src, c) for c in combos]))), out_root,
-                         cluster=cluster, force=force, progress=progress)
+                         cluster=cluster, force=force, progress=progress, reuse=reuse, cache=cache)
 
 
 def sweep_checked(src: Path, grid_names: list[str], runs: list[tuple[dict[str, Any], Parameters]], out_root: Path,
-                  *, cluster: Cluster = Cluster(), force: bool = False, progress: bool = True) -> Path:
-    """:func:`sweep` of ``runs``, pairs of a combination of the grid ``grid_names`` and its checked parameters. Each
-    result is written to ``out_root/<notebook>/<slug>/`` as it arrives; a failing combination is recorded there
+                  *, cluster: Cluster = Cluster(), force: bool = False, progress: bool = True, reuse: bool = True,
+                  cache: Cache | None = None) -> Path:
+    """:func:`sweep` of ``runs``, pairs of a combination of the grid ``grid_names`` and its checked parameters. A
+    combination whose execution the cache holds (and ``reuse``) is restored from it, not submitted; what the
+    cluster executes is stored in the cache. Each result is written to ``out_root/<notebook>/<slug>/`` as it arrives; a failing combination is recorded there
     (``status.json``: failed and the error) and does not stop the others. ``out_root/<notebook>/`` then gets
     ``results.parquet``, ``results.csv`` (:func:`results_table`), ``index.html`` and ``index.json``, also when the
     sweep is interrupted. Raises :class:`~attn_utils.book.build.NotebookFailed` at the end if a combination failed.
@@ -199,10 +207,26 @@ def sweep_checked(src: Path, grid_names: list[str], runs: list[tuple[dict[str, A
     if len(todo) < len(combos):
         print(f"{len(combos) - len(todo)} of {len(combos)} combinations already finished (status ok): skipped "
               f"(--force runs them again)", flush=True)
-    with _client(cluster) if todo else nullcontext() as client:
+    cache = cache or Cache()
+    keyed = [(c, p, cache_key(src, p)) for c, p in todo]
+    missing = []
+    for combo, p, key in keyed:
+        entry = cache.get(key) if reuse else None
+        if entry is None:
+            missing.append((combo, p, key))
+            continue
+        notebook = nbformat.writes(merge(src, entry.notebook)).encode()
+        _store(src, run_folder(src, combo, out_root), combo, {
+            "files": {f"{src.stem}.ipynb": notebook, **entry.records},
+            "status": {"status": "ok", "seconds": entry.seconds, "executed_at": entry.executed_at, "cached": True,
+                       "worker": "the execution cache"}})
+    if len(missing) < len(todo):
+        print(f"{len(todo) - len(missing)} of {len(todo)} combinations to run came from the execution cache",
+              flush=True)
+    with _client(cluster) if missing else nullcontext() as client:
         try:
-            if todo:
-                _submit_and_store(client, src, todo, out_root, progress=progress)
+            if missing:
+                _submit_and_store(client, src, missing, out_root, cache, progress=progress)
         finally:  # also after an interruption: the table and the index of what finished
             table = results_table(src, grid_names, combos, out_root)
             folder.mkdir(parents=True, exist_ok=True)
@@ -255,25 +279,29 @@ def _say_dashboard(client) -> None:
         print("Dask dashboard: off (the scheduler has no bokeh package, which the dashboard needs)", flush=True)
 
 
-def _submit_and_store(client, src: Path, todo: list[tuple[dict[str, Any], Parameters]], out_root: Path, *,
-                      progress: bool) -> None:
-    """Submit one :func:`execute_task` per (combination, checked parameters) of ``todo``; write each result as it
-    completes."""
+def _submit_and_store(client, src: Path, todo: list[tuple[dict[str, Any], Parameters, str]], out_root: Path,
+                      cache: Cache, *, progress: bool) -> None:
+    """Submit one :func:`execute_task` per (combination, checked parameters, cache key) of ``todo``; write each
+    result as it completes, and store it in ``cache`` when it is ok."""
     from distributed import as_completed
     from tqdm.auto import tqdm
 
     source, token = src.read_text(), secrets.token_hex(4)
     futures = {client.submit(execute_task, src.name, source, checked, key=f"{src.stem}-{run_slug(params)}-{token}",
-                             pure=False, retries=RETRIES): params for params, checked in todo}
+                             pure=False, retries=RETRIES): (params, key) for params, checked, key in todo}
     bar = tqdm(total=len(futures), desc=f"sweep {src.stem}", unit="run", disable=not progress)
     try:
         for future in as_completed(futures):
-            params = futures[future]
+            params, key = futures[future]
             try:
                 result = future.result()
             except Exception as exc:  # raised outside the notebook after its retries, or a worker lost too often
                 result = {"files": {}, "status": {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}}
             _store(src, run_folder(src, params, out_root), params, result)
+            if result["status"]["status"] == "ok":
+                records = dict(result["files"])
+                notebook = records.pop(f"{src.stem}.ipynb")
+                cache.put(key, notebook, records, result["status"]["seconds"], result["status"]["executed_at"])
             bar.update()
             if result["status"]["status"] != "ok":
                 bar.write(f"failed: {_label(params)}: {result['status']['error']}", file=sys.stderr)

@@ -147,12 +147,13 @@ def table(result: dict[str, Any]) -> pd.DataFrame:
 
 def run_windows(k: int = DEFAULT_K, out: Path = Path("runs/windows"), *, notebooks: list[str] | None = None,
                 parameters: dict[str, Any] | None = None, cluster: sweep.Cluster = sweep.Cluster(),
-                force: bool = False, progress: bool = True) -> Path:
+                force: bool = False, progress: bool = True, reuse: bool = True) -> Path:
     """Execute ``notebooks`` (default :data:`MODEL_CHAPTERS`) on the ``k`` windows of :func:`choose_windows`, one
     :func:`~attn_utils.book.sweep.sweep` per notebook into ``out/<notebook>/``; write ``out/windows.json`` and
     ``out/windows.csv`` and return the JSON's path. Every run passes the preflight before any executes. A failed
     run leaves its window out of its claims (``stable`` is then false) and raises
-    :class:`~attn_utils.book.build.NotebookFailed` after the result is written."""
+    :class:`~attn_utils.book.build.NotebookFailed` after the result is written. A run whose execution the cache
+    holds is restored from it unless ``reuse`` is False (the first window is the default book's)."""
     notebooks = list(notebooks or MODEL_CHAPTERS)
     text, starts, common, grids = plan(k, notebooks, dict(parameters or {}))
     sources = {nb: build.resolve_notebook(nb) for nb in notebooks}
@@ -164,7 +165,7 @@ def run_windows(k: int = DEFAULT_K, out: Path = Path("runs/windows"), *, noteboo
         print(f"[{i}/{len(notebooks)}] {nb} on {k} window{'s' * (k > 1)}", flush=True)
         try:
             sweep.sweep_checked(sources[nb], sorted(grids[nb]), todo[nb], out, cluster=cluster, force=force,
-                                progress=progress)
+                                progress=progress, reuse=reuse)
         except build.NotebookFailed as exc:
             failures.append(f"{nb}: {exc}")
     records, runs = [[] for _ in starts], {}

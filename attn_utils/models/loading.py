@@ -187,6 +187,12 @@ def _cached_snapshot(repo: str, weights: bool = True) -> Path | None:
     return folder if (any(folder.glob("*.safetensors")) if weights else (folder / "config.json").is_file()) else None
 
 
+def hub_snapshot(repo: str) -> Path | None:
+    """The snapshot of hub repository ``repo`` in the local Hugging Face cache, if it holds safetensors weights (its
+    folder is named by the commit); None otherwise. Nothing is downloaded."""
+    return _cached_snapshot(repo)
+
+
 def _hub_info(repo: str):
     """The hub's record of ``repo`` (asked within ``HUB_TIMEOUT_S``); ``ModelUnavailable`` saying why if there is none."""
     from huggingface_hub import HfApi

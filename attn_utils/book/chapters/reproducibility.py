@@ -166,17 +166,10 @@ def table1() -> pd.DataFrame:
     } for name, (minutes, parallel) in PAPER_TABLE_1.items()])
 
 
-def notebook_times() -> pd.DataFrame:
-    """Wall time of each notebook of the build (empty when this notebook was run on its own)."""
-    return pd.DataFrame(runlog.read("notebooks"), columns=["notebook", "seconds"])
-
-
-def totals(table_1: pd.DataFrame, times: pd.DataFrame) -> dict:
-    """The paper's total hours, ours in seconds, and the whole build's minutes, for the prose."""
+def totals(table_1: pd.DataFrame) -> dict:
+    """The paper's total hours and ours in seconds, for the prose."""
     ours = pd.to_numeric(table_1["ours (s)"], errors="coerce").sum()
-    return {"paper_total_h": sum(m for m, _ in PAPER_TABLE_1.values()) / 60, "ours_total_s": round(float(ours)),
-            "book_total_min": times.seconds.sum() / 60 if not times.empty else
-            "not recorded (this notebook was run on its own)"}
+    return {"paper_total_h": sum(m for m, _ in PAPER_TABLE_1.values()) / 60, "ours_total_s": round(float(ours))}
 
 
 def glance(rows: pd.DataFrame, link_prefix: str = "../notebooks/") -> str:
