@@ -157,7 +157,11 @@ def _worker_name() -> str:
 # --- the sweep, on the client -----------------------------------------------------------------------------------
 
 def combinations(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
-    """Every combination of the values of ``grid`` (names in sorted order, values in the order given)."""
+    """Every combination of the values of ``grid`` (names in sorted order, values in the order given); a name with no
+    value (``-p L ''``, ``-p L ,``) is a ``ValueError`` naming it."""
+    empty = sorted(n for n, values in grid.items() if not values)
+    if empty:
+        raise ValueError(f"-p {empty[0]}: no value given; write the values separated by commas, e.g. -p L 256,512")
     names = sorted(grid)
     return [dict(zip(names, values)) for values in itertools.product(*(grid[n] for n in names))]
 
