@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -119,3 +119,17 @@ def as_tensor(name: str, value, dtype: torch.dtype | None = None) -> torch.Tenso
     if dtype is not None:
         t = t.to(dtype)
     return t
+
+
+def call_elementwise(F: Callable, l: torch.Tensor, theta, name: str) -> torch.Tensor:
+    """Evaluate a user's F(l, theta), or F(l) when theta is None, as a tensor shaped and typed like l; it must be
+    callable and give finite values (ValueError naming ``name`` otherwise)."""
+    if not callable(F):
+        raise ValueError(f"{name} must be a callable F(l, theta) (or F(l) when theta is None), got {F!r}")
+    out = as_tensor(name, F(l) if theta is None else F(l, theta)).to(l.dtype)
+    if out.shape != l.shape:
+        out = out.expand(l.shape)
+    check_finite(name, out)
+    if torch.isinf(out).any():
+        raise ValueError(f"{name} returned infinite values; F and its derivative must be finite")
+    return out
