@@ -44,6 +44,8 @@ __all__ = [
     "distance_vs_length",
     "distance_vs_n",
     "gradient_sensitivity",
+    "octave_blocks",
+    "sample_rows",
     "separability_vs_n",
     "theorem1_row_check",
 ]

@@ -25,6 +25,8 @@ from attn_utils.mathematics.validation import (
     check_visible_rows,
 )
 
+__all__ = ["SUM_ATOL", "Rows", "bool_view", "check_distribution", "float_tensor", "unit_scale"]
+
 #: Rows must sum to one within this tolerance (float32 attention of long rows passes).
 SUM_ATOL = 1e-5
 
@@ -41,13 +43,14 @@ def float_tensor(name: str, value) -> torch.Tensor:
     return t if t.is_floating_point() else t.to(torch.float64)
 
 
-def bool_view(name: str, value, shape: torch.Size, device=None) -> torch.Tensor:
-    """A boolean tensor broadcast (as a view, never grown) to ``shape``, moved to ``device`` first when given."""
+def bool_view(name: str, value, shape: torch.Size, device=None, of: str = "weights") -> torch.Tensor:
+    """A boolean tensor broadcast (as a view, never grown) to ``shape`` (the shape of ``of``), moved to ``device``
+    first when given."""
     t = as_tensor(name, value)
     if t.dtype != torch.bool:
         raise ValueError(f"{name} must be a boolean tensor, got dtype {t.dtype}")
     if not broadcasts_to(t.shape, shape):
-        raise ValueError(f"{name} of shape {tuple(t.shape)} does not broadcast to the weights' shape {tuple(shape)}")
+        raise ValueError(f"{name} of shape {tuple(t.shape)} does not broadcast to {of} of shape {tuple(shape)}")
     return (t if device is None else t.to(device)).expand(shape)
 
 
@@ -113,7 +116,8 @@ class Rows:
         layout = f"({', '.join(lead or ('...',))}, {', '.join(rows_keys)})"
         if (w.ndim < len(rows_keys) or (lead is not None and w.ndim != len(lead) + 2)
                 or (square and w.shape[-1] != w.shape[-2])):
-            raise ValueError(f"{name} must be a float tensor of shape {layout}, got shape {tuple(w.shape)}")
+            raise ValueError(f"{name} must be a float tensor of shape {layout} with at least one key, "
+                             f"got shape {tuple(w.shape)}")
         check_keys(name, w)
         xs = None
         if x is not None:
@@ -145,7 +149,7 @@ class Rows:
         elif values:
             check_finite(name, w)
         visible = (torch.ones((), dtype=torch.bool, device=w.device).expand(w.shape) if mask is None
-                   else bool_view("mask", mask, w.shape, device=w.device))
+                   else bool_view("mask", mask, w.shape, device=w.device, of=name))
         if nonempty and mask is not None:
             check_visible_rows("mask", visible)
         return cls(w, visible, xs, mask is not None)
