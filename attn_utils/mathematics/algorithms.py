@@ -4,7 +4,9 @@ Inputs are one model's attention for one text: ``weights`` or ``logits`` of shap
 and vectors ``x`` of shape (layers, heads, L, d) (by project policy the per-head value vectors). Any
 float dtype is accepted; each layer is cast to float64 on its own, so float32 storage halves the
 memory and the arithmetic stays in float64. ``mask`` defaults to the causal mask (row t, 0-based,
-sees keys 0..t); a (L, L) or (layers, heads, L, L) boolean mask may be given instead.
+sees keys 0..t); a boolean mask that broadcasts to (layers, heads, L, L), e.g. (L, L), may be given instead.
+The shapes are checked up front by :meth:`Rows.of` without a copy, each layer's values when it is read. The
+window is the data: for a shorter one pass its leading L x L block (and the first L vectors).
 
 Each function processes one layer at a time and the rows in blocks (``kernels.row_blocks``), then
 averages per-row quantities over the *valid* rows of each head: rows that see more than N keys

@@ -60,14 +60,6 @@ def check_finite(name: str, tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def check_ndim(name: str, tensor: torch.Tensor, ndim: int | tuple[int, ...]) -> torch.Tensor:
-    """Require a tensor with the given number (or one of the numbers) of dimensions."""
-    allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
-    if tensor.ndim not in allowed:
-        raise ValueError(f"{name} must have {' or '.join(map(str, allowed))} dimensions, got shape {tuple(tensor.shape)}")
-    return tensor
-
-
 def check_keys(name: str, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Require at least one key: axis ``dim`` (the keys) must be non-empty. Zero rows are allowed."""
     if tensor.ndim < (-dim if dim < 0 else dim + 1) or tensor.shape[dim] == 0:
