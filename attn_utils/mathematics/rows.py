@@ -102,11 +102,12 @@ class Rows:
         float64). ``name`` and ``x_name`` are the parameters' names in the messages (e.g. "logits"). Without
         ``row_axis`` the weights may be a single row (L,). ``lead`` names leading dims that the weights (and x)
         must have exactly, without broadcasting (e.g. ("layers", "heads") for one model's attention); ``square``:
-        R = L, every key is also a query (a whole attention matrix). ``finite``: the weights are finite (with False only NaN
-        is refused: logits may be infinite at masked keys, which their user checks). ``nonempty``: every row sees
-        a key of the mask. ``values=False`` checks the shapes and dtypes only: no copy, no conversion of a tensor and
-        no pass over the values (for inputs too large to convert at once, validated block by block later). A
-        :class:`Rows` is returned as it is (then ``x`` and ``mask`` must not be given again)."""
+        R = L, every key is also a query (a whole attention matrix). ``finite``: the weights are finite (with
+        False only NaN is refused: logits may be infinite at masked keys, which their user checks). ``nonempty``:
+        every row sees a key of the mask. ``values=False`` checks the shapes and dtypes only: no copy, no
+        conversion of a tensor and no pass over the values (for inputs too large to convert at once, validated
+        block by block later). A :class:`Rows` is returned as it is (then ``x`` and ``mask`` must not be given
+        again)."""
         if isinstance(weights, Rows):
             if x is not None or mask is not None:
                 raise ValueError("x and mask belong to the Rows already; do not pass them again")
@@ -131,14 +132,14 @@ class Rows:
             if values and not torch.isfinite(xs).all():
                 raise ValueError(f"{x_name} must contain only finite numbers (found NaN or inf)")
             try:
-                lead = torch.broadcast_shapes(xs.shape[:-2], w.shape[:-2])
+                batch = torch.broadcast_shapes(xs.shape[:-2], w.shape[:-2])
             except RuntimeError:
                 raise ValueError(f"the leading dims of {x_name} {tuple(xs.shape[:-2])} and {name} "
                                  f"{tuple(w.shape[:-2])} do not broadcast") from None
             if values:
                 common = dtype or torch.promote_types(w.dtype, xs.dtype)
                 w, xs = w.to(common), xs.to(common)
-            w, xs = w.expand(*lead, *w.shape[-2:]), xs.expand(*lead, *xs.shape[-2:])
+            w, xs = w.expand(*batch, *w.shape[-2:]), xs.expand(*batch, *xs.shape[-2:])
         elif values and dtype is not None:
             w = w.to(dtype)
         if values and sums_to_one:
