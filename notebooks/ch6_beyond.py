@@ -84,11 +84,10 @@ import torch
 from IPython.display import display
 
 from attn_utils.book import claims, figures
-from attn_utils.book.chapters import remedies
+from attn_utils.book.chapters import beyond
 from attn_utils.book.formatting import glue_values, table
 from attn_utils.book.session import Session
-from attn_utils.mathematics import lenses
-from attn_utils.mathematics.registry import normalize
+from attn_utils.mathematics import jacobian, normalize
 
 figures.set_style()
 started, threads = time.time(), torch.get_num_threads()
@@ -137,8 +136,8 @@ rng = torch.Generator().manual_seed(seed)   # every synthetic draw of the chapte
 # ```
 #
 # So softmax-1 and normalized self-adjust softmax enter the distance and separability lenses as they
-# are (the library's `lenses.geometry` works on any non-negative row, with the kernels of
-# `attn_utils.mathematics.metrics` themselves; `lenses.lens_distance` takes the
+# are (the library's `mathematics.beyond.geometry` works on any non-negative row, with the metrics' own
+# kernels, `attn_utils.mathematics.kernels`; `mathematics.beyond.lens_distance` takes the
 # route through the distribution $\alpha/m$ and `attn_utils.mathematics.metrics`, and the tests check that both
 # agree). Softmax-1 therefore separates exactly as softmax does, and its distance is softmax's times
 # the mass. The signed self-adjust softmax has no top-$N$ set in the paper's sense (negative weights)
@@ -211,7 +210,8 @@ rng = torch.Generator().manual_seed(seed)   # every synthetic draw of the chapte
 # $F(l_i)/\sum_jF(l_j)$ with a positive $F$ at all (the threshold $\tau$ couples the keys, and weights
 # can be exactly zero), so both halves of Lemma 1 fail — a key can keep weight 1, and the lower
 # bound $C_1/L>0$ is violated by every exact zero. The library gives each envelope
-# (`lenses.lemma1_envelope`) and the planted-key guarantee (`lenses.planted_weight_bound`).
+# (`mathematics.beyond.lemma1_envelope`) and the planted-key guarantee
+# (`mathematics.beyond.planted_weight_bound`), both read off the normalizer's record in the registry.
 #
 # **Synthetic check.** For each length of `synthetic_lengths`, `n_trials` rows of two families at $T=1$:
 # *typical* rows with logits uniform on $[-a,a]$, and *planted* rows where key 0 sits at $+a$ and the
@@ -220,16 +220,16 @@ rng = torch.Generator().manual_seed(seed)   # every synthetic draw of the chapte
 # and 1.5-entmax with its guarantee.
 
 # %%
-lemma = remedies.lemma1_synthetic(names, p.synthetic_lengths, n_trials, rng)
+lemma = beyond.lemma1_synthetic(names, p.synthetic_lengths, n_trials, rng)
 table(lemma.extremes(), index=True, caption="Median largest weight at the smallest and the largest length")
 
 # %% tags=["remove-cell"]
-glue_values({"names_list": remedies.listing(names), **lemma.prose()})
+glue_values({"names_list": beyond.listing(names), **lemma.prose()})
 claims.record("ch6-envelopes", model="synthetic", **lemma.envelope_claim())
 claims.record("ch6-lemma1-escape", model="synthetic", **lemma.escape_claim());
 
 # %% tags=["hide-input"]
-figures.glue_figure("fig_ch6_lemma1_synthetic", remedies.plot_lemma1_synthetic(lemma, seed))
+figures.glue_figure("fig_ch6_lemma1_synthetic", beyond.plot_lemma1_synthetic(lemma, seed))
 
 # %% [markdown]
 # ```{glue:figure} fig_ch6_lemma1_synthetic
@@ -308,13 +308,13 @@ figures.glue_figure("fig_ch6_lemma1_synthetic", remedies.plot_lemma1_synthetic(l
 # the separability of the rows whose support holds at least $N$ keys.
 
 # %%
-geometry = remedies.geometry_synthetic(names, p.synthetic_lengths, N, p.Ns, n_trials, rng)
+geometry = beyond.geometry_synthetic(names, p.synthetic_lengths, N, p.Ns, n_trials, rng)
 for caption, frame in geometry.at_longest().items():
     display(table(frame, index=True, caption=caption))
 
 # %% tags=["hide-input"]
-figures.glue_figure("fig_ch6_distance_synthetic", remedies.plot_distance_synthetic(geometry, seed))
-figures.glue_figure("fig_ch6_separability_synthetic", remedies.plot_separability_synthetic(geometry, seed))
+figures.glue_figure("fig_ch6_distance_synthetic", beyond.plot_distance_synthetic(geometry, seed))
+figures.glue_figure("fig_ch6_separability_synthetic", beyond.plot_separability_synthetic(geometry, seed))
 
 # %% tags=["remove-cell"]
 glue_values(geometry.prose())
@@ -364,7 +364,7 @@ claims.record("ch6-distance-count", model="synthetic", **geometry.claim());
 #
 # The paper's Corollary 3 concerns softmax; {doc}`ch4_gradient` corrected it to
 # $\|J\|_2\le1/(2T)$. Here are the Jacobians of all the rules, in closed form
-# (`lenses.jacobian`; `lenses.jvp` computes $Jv$ without forming $J$).
+# (`mathematics.beyond.jacobian`; `mathematics.beyond.jvp` computes $Jv$ without forming $J$).
 #
 # ```{prf:proposition} Jacobians of the normalizers (ours)
 # :label: ch6-prop-jacobians
@@ -411,7 +411,7 @@ claims.record("ch6-distance-count", model="synthetic", **geometry.claim());
 # ```
 #
 # The proof of the normalized self-adjust Jacobian (product rule through the minimum and maximum)
-# is in `lenses.jacobian`; the tests compare every closed form with automatic differentiation
+# is in `mathematics.beyond.jacobian`; the tests compare every closed form with automatic differentiation
 # (`torch.autograd`) to $10^{-10}$ and check the norm bounds on random and tied rows. Here we check
 # the closed forms once more and then measure, on `n_trials` typical rows of {glue:text}`LG` keys, the
 # exact spectral norm $\|J\|_2$ at each temperature of `Ts`. "Keeps a usable gradient as $T$ falls"
@@ -419,11 +419,11 @@ claims.record("ch6-distance-count", model="synthetic", **geometry.claim());
 # over the grid.
 
 # %%
-gradient = remedies.gradient_synthetic(names, p.Ts, n_trials, rng)
+gradient = beyond.gradient_synthetic(names, p.Ts, n_trials, rng)
 table(gradient.norms(), index=True, caption="Median spectral norm of the Jacobian on synthetic rows")
 
 # %% tags=["hide-input"]
-figures.glue_figure("fig_ch6_gradient_synthetic", remedies.plot_gradient_synthetic(gradient, seed))
+figures.glue_figure("fig_ch6_gradient_synthetic", beyond.plot_gradient_synthetic(gradient, seed))
 
 # %% tags=["remove-cell"]
 glue_values(gradient.prose())
@@ -469,19 +469,19 @@ claims.record("ch6-jacobians", model="synthetic", **gradient.claim());
 # {doc}`ch2_distance` offers as its quicker option. Every row, as there, is out of reach here: the lenses
 # keep the float64 logits of every kept row, for every normalizer compared and over the longer windows
 # of the long-context part, and every row of this window would need about {glue:text}`m_every_row_gib` GiB of memory
-# (`remedies.lens_memory`; a sample that does not fit is refused before the forward pass), its time
+# (`beyond.lens_memory`; a sample that does not fit is refused before the forward pass), its time
 # growing with the rows kept. The window is as long as the longest of
 # $L$ and the long-context lengths (see the last part of the chapter): `Session.longer` cuts it
 # from the same corpus at the same offset, checks it against the model's context, and checks that
 # its first $L$ tokens are the $L$-token window; because the mask is causal, its rows $t\le L$ are
-# exactly the rows of the $L$-token window. `remedies.capture_logits` runs the model once over it and
+# exactly the rows of the $L$-token window. `beyond.capture_logits` runs the model once over it and
 # keeps, layer by layer, the logits of the sampled rows and the value vectors. Scalable softmax
 # needs its parameter $s$: we set $s=1/\log L$, so that at a row of length $L$ it *coincides* with
 # the model's softmax and every difference comes from the length dependence alone.
 
 # %%
 session = Session.open(p)
-logits = remedies.capture_logits(session, long_lengths, rows_per_octave, threads=threads)
+logits = beyond.capture_logits(session, p.long_lengths, rows_per_octave, threads=threads)
 table(logits.facts(session.summary()), index=True, caption="The model and the window it read")
 
 # %% tags=["remove-cell"]
@@ -501,12 +501,12 @@ glue_values(logits.prose())
 # {doc}`ch1_vanishing`), the share of exact zeros and the mass.
 
 # %%
-lemma_model = remedies.lemma1_model(logits, names)
+lemma_model = beyond.lemma1_model(logits, names)
 table(lemma_model.table(), index=True, caption="Lemma 1's lens on the model (entropy n/a: rows that are not "
       "probability distributions)")
 
 # %% tags=["hide-input"]
-figures.glue_figure("fig_ch6_lemma1_model", remedies.plot_lemma1_model(lemma_model, logits, corpus))
+figures.glue_figure("fig_ch6_lemma1_model", beyond.plot_lemma1_model(lemma_model, logits, corpus))
 
 # %% tags=["remove-cell"]
 glue_values(lemma_model.prose())
@@ -539,17 +539,17 @@ glue_values(lemma_model.prose())
 # The vectors are the per-head value vectors (projected onto the unit sphere for the separability,
 # as in {doc}`ch3_separability`). For every normalizer but the signed self-adjust softmax we compute,
 # on every sampled row, $\tilde d$ and $N_s/N$ for $N$ = `N` and every $N$ of `Ns`, with
-# `lenses.geometry`, and average per head over the rows $t\le L$ (rows that see at most $N$ keys are
+# `mathematics.beyond.geometry`, and average per head over the rows $t\le L$ (rows that see at most $N$ keys are
 # skipped). Before that, the fast path is checked against the library route through
 # `attn_utils.mathematics.metrics` on one layer.
 
 # %%
-geometry_model = remedies.geometry_model(logits, names, N, p.Ns)
+geometry_model = beyond.geometry_model(logits, names, N, p.Ns)
 for caption, frame in geometry_model.table().items():
     display(table(frame, index=True, caption=caption))
 
 # %% tags=["hide-input"]
-figures.glue_figure("fig_ch6_geometry_model", remedies.plot_geometry_model(geometry_model, logits, corpus))
+figures.glue_figure("fig_ch6_geometry_model", beyond.plot_geometry_model(geometry_model, logits, corpus))
 
 # %% tags=["remove-cell"]
 glue_values(geometry_model.prose())
@@ -591,11 +591,11 @@ glue_values(geometry_model.prose())
 # the maximum over heads, and we also show the median.
 
 # %%
-gradient_model = remedies.gradient_model(logits, names, p.Ts, seed)
+gradient_model = beyond.gradient_model(logits, names, p.Ts, seed)
 table(gradient_model.medians(), index=True, caption="Median over heads of the mean directional derivative")
 
 # %% tags=["hide-input"]
-figures.glue_figure("fig_ch6_gradient_model", remedies.plot_gradient_model(gradient_model, logits, seed))
+figures.glue_figure("fig_ch6_gradient_model", beyond.plot_gradient_model(gradient_model, logits, seed))
 
 # %% tags=["remove-cell"]
 glue_values(gradient_model.prose())
@@ -622,9 +622,9 @@ glue_values(gradient_model.prose())
 # ## Summary: the remedies under the paper's lenses
 
 # %% tags=["hide-input"]
-summary, sentences, both = remedies.summary(names, lemma, geometry, gradient, lemma_model, geometry_model,
+summary, sentences, both = beyond.summary(names, lemma, geometry, gradient, lemma_model, geometry_model,
                                             gradient_model)
-for caption, part in remedies.summary_tables(summary).items():
+for caption, part in beyond.summary_tables(summary).items():
     display(table(part, index=True, caption=caption))
 
 # %% [markdown]
@@ -665,11 +665,11 @@ if {"self_adjust", "self_adjust_normalized"} & set(names) and "softmax" in names
 # normalizer, right of the grey line.
 
 # %%
-long = remedies.long_context(logits, geometry_model)
+long = beyond.long_context(logits, geometry_model)
 table(long.curves, caption=f"Mean and median over heads of the per-head mean distance at N = {N}, per window length")
 
 # %% tags=["hide-input"]
-figures.glue_figure("fig_ch6_long_context", remedies.plot_long_context(long, corpus))
+figures.glue_figure("fig_ch6_long_context", beyond.plot_long_context(long, corpus))
 
 # %% tags=["remove-cell"]
 distance_claim = claims.record("ch6-long-distance", model=session.name, **long.distance_claim())
@@ -741,18 +741,18 @@ glue_values({**long.prose(lemma_model), "dist_long_verdict": distance_claim.verd
 # $N_s/N$ of the heads, and (b) the expectation of {prf:ref}`ch6-prop-coverage`, which accounts for
 # the different top-$N$ sets. The null hypothesis "the separated sets are independent given what
 # each head selects" is tested by `n_samples` permutations that shuffle each head's separated
-# indicator within its own top-$N$ set (`lenses.coverage`), with the total number of covered keys
+# indicator within its own top-$N$ set (`mathematics.beyond.coverage`), with the total number of covered keys
 # over all layers and rows as the statistic; its exact null mean is (b). As a second look, for every
 # pair of heads of a layer we take the keys both select and compute the phi coefficient of "head $h$
-# separates" against "head $h'$ separates" (`lenses.head_association`).
+# separates" against "head $h'$ separates" (`mathematics.beyond.head_association`).
 
 # %%
-coverage = remedies.coverage(logits, geometry_model, p.Ns, n_samples, seed)
+coverage = beyond.coverage(logits, geometry_model, p.Ns, n_samples, seed)
 table(coverage.shown(), index=True, caption="Coverage by the heads of a layer, per N (z: n/a where the "
       "permutations cannot change the coverage)")
 
 # %% tags=["hide-input"]
-figures.glue_figure("fig_ch6_coverage", remedies.plot_coverage(coverage, corpus, seed))
+figures.glue_figure("fig_ch6_coverage", beyond.plot_coverage(coverage, corpus, seed))
 
 # %% tags=["remove-cell"]
 verdicts = {"cov_verdict": "n/a", "indep_verdict": "n/a"}
@@ -875,7 +875,7 @@ session.provenance_table()
 # shape `(L,)`) and returns the $L\times L$ Jacobian of `attn_utils.mathematics.normalizers.sparsemax` at $T$
 # from the formula $J=(\operatorname{diag}(\mathbf 1_S)-\mathbf 1_S\mathbf 1_S^\top/|S|)/T$ of
 # {prf:ref}`ch6-prop-jacobians`, with $S$ the support of the weights. Compare it with automatic
-# differentiation (`torch.autograd.functional.jacobian`) and with `attn_utils.mathematics.lenses.jacobian` on 50
+# differentiation (`torch.autograd.functional.jacobian`) and with `attn_utils.mathematics.jacobian` on 50
 # random rows of 12 logits, and check that its spectral norm is $1/T$ exactly when the support has at
 # least two keys.
 # ```
@@ -899,11 +899,11 @@ for trial in range(50):
     T_ex = float(torch.empty(1).uniform_(0.1, 3.0, generator=ex_gen))
     mine = sparsemax_jacobian(row, T_ex)
     auto = torch.autograd.functional.jacobian(lambda r: normalize(r.unsqueeze(0), "sparsemax", T=T_ex)[0], row)
-    assert torch.allclose(mine, auto, atol=1e-12) and torch.allclose(mine, lenses.jacobian(row.unsqueeze(0), "sparsemax", T=T_ex)[0], atol=1e-12)
+    assert torch.allclose(mine, auto, atol=1e-12) and torch.allclose(mine, jacobian(row.unsqueeze(0), "sparsemax", T=T_ex)[0], atol=1e-12)
     support = int((normalize(row.unsqueeze(0), "sparsemax", T=T_ex) > 0).sum())
     expected = 1 / T_ex if support >= 2 else 0.0
     assert abs(float(torch.linalg.matrix_norm(mine, ord=2)) - expected) < 1e-9
-print("sparsemax_jacobian agrees with autograd and lenses.jacobian on 50 rows; ||J|| = 1/T iff |S| >= 2")
+print("sparsemax_jacobian agrees with autograd and attn_utils.mathematics.jacobian on 50 rows; ||J|| = 1/T iff |S| >= 2")
 
 # %% [markdown]
 # ```{solution-end}

@@ -1,4 +1,4 @@
-"""Tests of attn_utils.mathematics.lenses: loop references, autograd oracles, the chapter's propositions, bad input."""
+"""Tests of attn_utils.mathematics.beyond: loop references, autograd oracles, the chapter's propositions, bad input."""
 from __future__ import annotations
 
 import itertools
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import chi2_contingency
 
-from attn_utils.mathematics import lenses, metrics, normalizers, registry
+from attn_utils.mathematics import beyond, kernels, metrics, normalizers, registry
 
 F64 = torch.float64
 MANY = settings(max_examples=1000, deadline=None)
@@ -89,7 +89,7 @@ def ref_coverage_row(sel_sets, sep_sets, N):
 def test_row_stats_matches_loop(name):
     logits, mask = random_rows(1)
     w = registry.normalize(logits, name, mask=mask)
-    got = lenses.row_stats(w, mask)
+    got = beyond.row_stats(w, mask)
     for r in range(w.shape[0]):
         expected = ref_row_stats(w[r].numpy(), mask[r].numpy())
         for key, value in expected.items():
@@ -99,7 +99,7 @@ def test_row_stats_matches_loop(name):
 def test_row_stats_row_without_keys_is_nan():
     w = torch.tensor([[0.5, 0.5], [0.0, 0.0]], dtype=F64)
     mask = torch.tensor([[True, True], [False, False]])
-    got = lenses.row_stats(w, mask)
+    got = beyond.row_stats(w, mask)
     assert math.isnan(got["max"][1]) and math.isnan(got["min"][1]) and got["length"][1] == 0
 
 
@@ -129,7 +129,7 @@ def test_lemma1_envelope_holds(case, name):
     """Propositions 1-2 of the chapter: every weight magnitude lies in the envelope of its normalizer."""
     l, a, T, s = case
     w = registry.normalize(l.unsqueeze(0), name, **kwargs(name, T, s))[0].abs()
-    env = lenses.lemma1_envelope(name, a, len(l), T=T, s=s)
+    env = beyond.lemma1_envelope(name, a, len(l), T=T, s=s)
     assert float(w.max()) <= env.upper * (1 + 1e-9) + 1e-300
     assert float(w.min()) >= env.lower * (1 - 1e-9)
 
@@ -137,14 +137,14 @@ def test_lemma1_envelope_holds(case, name):
 @pytest.mark.parametrize("name", ["softmax", "softmax1", "self_adjust", "self_adjust_normalized"])
 def test_length_independent_normalizers_vanish(name):
     """Their envelope upper bound is O(1/L): L * upper stays bounded."""
-    uppers = [L * lenses.lemma1_envelope(name, 1.0, L).upper for L in (10**3, 10**5, 10**7)]
+    uppers = [L * beyond.lemma1_envelope(name, 1.0, L).upper for L in (10**3, 10**5, 10**7)]
     assert max(uppers) <= math.e ** 2 * 1.0001 and uppers[-1] >= 0.5 * uppers[0]
 
 
 def test_envelope_escapes():
-    assert lenses.lemma1_envelope("ssmax", 1.0, 10**6, T=1.0, s=1.0).upper == 1.0  # 2sa/T = 2 >= 1
-    assert lenses.lemma1_envelope("ssmax", 0.1, 10**6, T=1.0, s=1.0).upper < 1e-3  # 2sa/T < 1: still decays
-    assert lenses.lemma1_envelope("sparsemax", 1.0, 10**6) == lenses.Envelope(0.0, 1.0)
+    assert beyond.lemma1_envelope("ssmax", 1.0, 10**6, T=1.0, s=1.0).upper == 1.0  # 2sa/T = 2 >= 1
+    assert beyond.lemma1_envelope("ssmax", 0.1, 10**6, T=1.0, s=1.0).upper < 1e-3  # 2sa/T < 1: still decays
+    assert beyond.lemma1_envelope("sparsemax", 1.0, 10**6) == beyond.Envelope(0.0, 1.0)
 
 
 @MANY
@@ -155,16 +155,16 @@ def test_planted_weight_bound_holds(name, L, gap, T, s, seed):
     l = -gap - 2 * torch.rand(L, generator=g, dtype=F64)  # every other logit at least `gap` below the planted one
     l[0] = 0.0
     w = registry.normalize(l.unsqueeze(0), name, **kwargs(name, T, s))[0]
-    assert float(w[0]) >= lenses.planted_weight_bound(name, gap, L, T=T, s=s) * (1 - 1e-9)
+    assert float(w[0]) >= beyond.planted_weight_bound(name, gap, L, T=T, s=s) * (1 - 1e-9)
 
 
 def test_planted_weight_bound_limits():
-    assert lenses.planted_weight_bound("softmax", 2.0, 10**6) < 1e-4
-    assert lenses.planted_weight_bound("ssmax", 2.0, 10**6) > 0.999   # s gap / T = 2 > 1
-    assert lenses.planted_weight_bound("ssmax", 0.5, 10**6) < 0.01    # s gap / T < 1
-    assert lenses.planted_weight_bound("sparsemax", 1.0, 10**6) == 1.0
-    assert lenses.planted_weight_bound("entmax15", 1.99, 10**6) == 1e-6
-    assert lenses.planted_weight_bound("entmax15", 2.0, 10**6) == 1.0
+    assert beyond.planted_weight_bound("softmax", 2.0, 10**6) < 1e-4
+    assert beyond.planted_weight_bound("ssmax", 2.0, 10**6) > 0.999   # s gap / T = 2 > 1
+    assert beyond.planted_weight_bound("ssmax", 0.5, 10**6) < 0.01    # s gap / T < 1
+    assert beyond.planted_weight_bound("sparsemax", 1.0, 10**6) == 1.0
+    assert beyond.planted_weight_bound("entmax15", 1.99, 10**6) == 1e-6
+    assert beyond.planted_weight_bound("entmax15", 2.0, 10**6) == 1.0
 
 
 # --- Theorem 1 and 2 lenses for rows that are not distributions -------------------------------------------
@@ -175,8 +175,8 @@ def test_planted_weight_bound_limits():
 def test_lens_distance_and_separability_match_loop(name, N):
     """d-tilde and N_s / N computed directly on the (not rescaled) weights, one row at a time."""
     w, x, mask = causal_heads(2, name=name)
-    dist = lenses.lens_distance(w, x, N, mask)
-    sep = lenses.lens_separability(w, x, N, mask, M=2.0)
+    dist = beyond.lens_distance(w, x, N, mask)
+    sep = beyond.lens_separability(w, x, N, mask, M=2.0)
     for index in np.ndindex(*w.shape[:-1]):
         row, vis, xs = w[index].numpy(), mask[index[-1]].numpy(), x[index[:-1]].numpy()
         if vis.sum() <= N or row.sum() == 0:
@@ -192,11 +192,11 @@ def test_lens_distance_and_separability_match_loop(name, N):
 def test_geometry_fast_path_matches_library_route(name, N):
     """geometry() (one pass) against lens_distance / lens_separability (through attn_utils.mathematics.metrics)."""
     w, x, mask = causal_heads(11, name=name, L=24)
-    g = lenses.geometry(w, x, N, mask, M=0.5)
-    close(g.distance, lenses.lens_distance(w, x, N, mask))
-    close(g.separability, lenses.lens_separability(w, x, N, mask, M=0.5))
+    g = beyond.geometry(w, x, N, mask, M=0.5)
+    close(g.distance, beyond.lens_distance(w, x, N, mask))
+    close(g.separability, beyond.lens_separability(w, x, N, mask, M=0.5))
     sphere = metrics.project_to_sphere(x, 0.5)
-    again = lenses.geometry(w, x, N, mask, sphere=sphere)
+    again = beyond.geometry(w, x, N, mask, sphere=sphere)
     close(again.separability, g.separability)
     assert (again.separated == g.separated).all() and (g.separated <= g.selected).all()
 
@@ -206,7 +206,7 @@ def test_geometry_is_the_metric_on_distributions(name):
     """For distributions, geometry() gives exactly what metrics.cumulative_distance and metrics.separability give,
     and the separated keys it returns count N_s."""
     w, x, mask = causal_heads(17, name=name, L=30)
-    result = lenses.geometry(w, x, [2, 5], mask)
+    result = beyond.geometry(w, x, [2, 5], mask)
     for N, g in result.items():
         selected, _ = metrics.top_n_mask(w, N, mask)
         distance = metrics.cumulative_distance(w, x, selected, mask)
@@ -215,14 +215,14 @@ def test_geometry_is_the_metric_on_distributions(name):
         close(g.distance, torch.where(g.valid, distance, torch.nan))
         close(g.separability, ratio, rtol=0, atol=0)
         close(torch.where(g.valid, g.separated.sum(-1).to(F64) / N, torch.nan), ratio, rtol=0, atol=0)
-    quick = lenses.geometry(w, x, 5, mask, keys=False)
+    quick = beyond.geometry(w, x, 5, mask, keys=False)
     assert quick.separated is None and torch.equal(quick.separability.isnan(), result[5].separability.isnan())
 
 
 def test_geometry_refuses_signed_weights():
     logits, _ = random_rows(12)
     with pytest.raises(ValueError, match="signed weights"):
-        lenses.geometry(normalizers.self_adjust(logits), torch.randn(9, 3, dtype=F64), 2)
+        beyond.geometry(normalizers.self_adjust(logits), torch.randn(9, 3, dtype=F64), 2)
 
 
 @MANY
@@ -233,9 +233,9 @@ def test_homogeneity(seed, c, N):
     L = 8
     w = torch.softmax(2 * torch.randn(3, L, generator=g, dtype=F64), -1)
     x = torch.randn(L, 4, generator=g, dtype=F64)
-    d1, d2 = lenses.lens_distance(w, x, N), lenses.lens_distance(c * w, x, N)
+    d1, d2 = beyond.lens_distance(w, x, N), beyond.lens_distance(c * w, x, N)
     close(d2, c * d1, rtol=1e-9)
-    close(lenses.lens_separability(c * w, x, N), lenses.lens_separability(w, x, N))
+    close(beyond.lens_separability(c * w, x, N), beyond.lens_separability(w, x, N))
 
 
 def test_softmax1_geometry_is_softmax_scaled_by_mass():
@@ -243,22 +243,22 @@ def test_softmax1_geometry_is_softmax_scaled_by_mass():
     g = torch.Generator().manual_seed(3)
     logits = 2 * torch.randn(w.shape, generator=g, dtype=F64)
     soft, one = normalizers.softmax(logits, mask=mask), normalizers.softmax1(logits, mask=mask)
-    _, mass = lenses.geometry_weights(one)
-    close(lenses.lens_distance(one, x, 4, mask), mass * lenses.lens_distance(soft, x, 4, mask), rtol=1e-9)
-    close(lenses.lens_separability(one, x, 4, mask), lenses.lens_separability(soft, x, 4, mask))
+    _, mass = beyond.geometry_weights(one)
+    close(beyond.lens_distance(one, x, 4, mask), mass * beyond.lens_distance(soft, x, 4, mask), rtol=1e-9)
+    close(beyond.lens_separability(one, x, 4, mask), beyond.lens_separability(soft, x, 4, mask))
 
 
 def test_geometry_weights_zero_rows_and_signed_rows():
     w = torch.tensor([[0.2, 0.2, 0.0], [0.0, 0.0, 0.0]], dtype=F64)
-    normed, mass = lenses.geometry_weights(w)
+    normed, mass = beyond.geometry_weights(w)
     close(normed[0], [0.5, 0.5, 0.0])
     close(mass, [0.4, 0.0])
     assert (normed[1] == 0).all()
     x = torch.randn(3, 2, dtype=F64)
-    assert math.isnan(lenses.lens_distance(w, x, 1)[1]) and math.isnan(lenses.lens_separability(w, x, 1)[1])
+    assert math.isnan(beyond.lens_distance(w, x, 1)[1]) and math.isnan(beyond.lens_separability(w, x, 1)[1])
     signed = normalizers.self_adjust(torch.tensor([[-1.0, 0.5, 2.0]], dtype=F64))
     with pytest.raises(ValueError, match="signed weights"):
-        lenses.geometry_weights(signed)
+        beyond.geometry_weights(signed)
 
 
 # --- gradients -------------------------------------------------------------------------------------------
@@ -279,7 +279,7 @@ def autograd_jacobian(logits, name, mask, T, s):
 def test_jacobian_matches_autograd(name, seed):
     logits, mask = random_rows(seed, scale=[0.5, 2.0, 6.0][seed])
     T, s = [0.3, 1.0, 4.0][seed], 1.7
-    J = lenses.jacobian(logits, name, mask=mask, T=T, s=s)
+    J = beyond.jacobian(logits, name, mask=mask, T=T, s=s)
     close(J, autograd_jacobian(logits, name, mask, T, s), rtol=1e-10, atol=1e-12)
     assert (J[~mask.unsqueeze(-1).expand_as(J)] == 0).all() and (J[~mask.unsqueeze(-2).expand_as(J)] == 0).all()
 
@@ -289,8 +289,8 @@ def test_jvp_is_jacobian_times_v_and_matches_finite_differences(name):
     logits, mask = random_rows(4, shape=(6, 11))
     g = torch.Generator().manual_seed(4)
     v = torch.randn(logits.shape, generator=g, dtype=F64)
-    got = lenses.jvp(logits, v, name, mask=mask, T=0.8, s=1.3)
-    J = lenses.jacobian(logits, name, mask=mask, T=0.8, s=1.3)
+    got = beyond.jvp(logits, v, name, mask=mask, T=0.8, s=1.3)
+    J = beyond.jacobian(logits, name, mask=mask, T=0.8, s=1.3)
     close(got, (J @ torch.where(mask, v, 0.0).unsqueeze(-1)).squeeze(-1))
     h = 1e-6
     fd = (registry.normalize(logits + h * v, name, mask=mask, **kwargs(name, 0.8, 1.3))
@@ -313,24 +313,24 @@ def test_jacobian_norm_bounds(L, T, scale, s, seed, tie):
         l[0, 1] = l[0, 0] = l.max()
     tol = 1 + 1e-9
     for name in ("softmax", "softmax1"):
-        assert float(spectral(lenses.jacobian(l, name, T=T))) <= tol / (2 * T)
-    assert float(spectral(lenses.jacobian(l, "ssmax", T=T, s=s))) <= tol * s * math.log(L) / (2 * T)
-    assert float(spectral(lenses.jacobian(l, "entmax15", T=T))) <= tol / T
+        assert float(spectral(beyond.jacobian(l, name, T=T))) <= tol / (2 * T)
+    assert float(spectral(beyond.jacobian(l, "ssmax", T=T, s=s))) <= tol * s * math.log(L) / (2 * T)
+    assert float(spectral(beyond.jacobian(l, "entmax15", T=T))) <= tol / T
     support = int((normalizers.sparsemax(l, T=T) > 0).sum())
     expected = 1 / T if support >= 2 else 0.0
-    assert abs(float(spectral(lenses.jacobian(l, "sparsemax", T=T))) - expected) <= 1e-9 * (1 + expected)
+    assert abs(float(spectral(beyond.jacobian(l, "sparsemax", T=T))) - expected) <= 1e-9 * (1 + expected)
 
 
 def test_self_adjust_keeps_a_gradient_as_T_falls():
     """T * J -> e_k e_k^T for self-adjust softmax (k = the largest logit); the others vanish."""
     l = torch.tensor([[1.0, 0.3, -0.5, 0.9]], dtype=F64)
     for T in (2e-3, 1e-3):  # the gap to the second logit is 0.1 = 50 T or more
-        J = lenses.jacobian(l, "self_adjust", T=T)
+        J = beyond.jacobian(l, "self_adjust", T=T)
         target = torch.zeros(4, 4, dtype=F64)
         target[0, 0] = 1.0
         close(T * J[0], target, atol=1e-3)
         for name in ("softmax", "softmax1", "ssmax", "sparsemax", "entmax15", "self_adjust_normalized"):
-            assert float(T * spectral(lenses.jacobian(l, name, T=T))) < 1e-3
+            assert float(T * spectral(beyond.jacobian(l, name, T=T))) < 1e-3
 
 
 # --- several heads ----------------------------------------------------------------------------------------
@@ -340,7 +340,7 @@ def test_self_adjust_keeps_a_gradient_as_T_falls():
 @pytest.mark.parametrize("N", [1, 2, 5])
 def test_separated_keys_match_loop_and_metrics(name, N):
     w, x, mask = causal_heads(5, name=name)
-    selected, separated, valid = lenses.separated_keys(w, x, N, mask, M=1.5)
+    selected, separated, valid = beyond.separated_keys(w, x, N, mask, M=1.5)
     ratio, _ = metrics.separability(w, x, N, mask, M=1.5)
     close(torch.where(valid, separated.sum(-1).to(F64) / N, torch.nan), ratio)
     for index in np.ndindex(*w.shape[:-1]):
@@ -355,13 +355,13 @@ def test_separated_keys_match_loop_and_metrics(name, N):
 
 def head_sets(seed, N, heads=3, L=12, layers=2):
     w, x, mask = causal_heads(seed, layers=layers, heads=heads, L=L, d=4)
-    return lenses.separated_keys(w, x, N, mask)
+    return beyond.separated_keys(w, x, N, mask)
 
 
 @pytest.mark.parametrize("N", [2, 3])
 def test_coverage_matches_brute_force(N):
     selected, separated, valid = head_sets(6, N)
-    result = lenses.coverage(selected, separated, valid, N)
+    result = beyond.coverage(selected, separated, valid, N)
     H = selected.shape[-3]
     for layer in range(selected.shape[0]):
         for r in range(selected.shape[-2]):
@@ -380,7 +380,7 @@ def test_coverage_matches_brute_force(N):
 def test_coverage_null_distribution():
     N = 3
     selected, separated, valid = head_sets(7, N, heads=4, L=16)
-    result = lenses.coverage(selected, separated, valid, N, n_perm=4000, generator=torch.Generator().manual_seed(0))
+    result = beyond.coverage(selected, separated, valid, N, n_perm=4000, generator=torch.Generator().manual_seed(0))
     assert result.null.shape == (4000, selected.shape[0])
     expected = torch.where(result.valid, result.expected, 0.0).sum(-1)
     spread = result.null.std(0) / math.sqrt(4000)
@@ -394,7 +394,7 @@ def test_coverage_null_is_degenerate_when_nothing_can_move():
     selected, _, valid = head_sets(8, 2)
     separated = selected.clone()
     separated[:, 1] = False
-    result = lenses.coverage(selected, separated, valid, 2, n_perm=50, generator=torch.Generator().manual_seed(1))
+    result = beyond.coverage(selected, separated, valid, 2, n_perm=50, generator=torch.Generator().manual_seed(1))
     observed = torch.where(result.valid, result.covered, 0).sum(-1).to(F64)
     assert (result.null == observed).all()
     close(torch.where(result.valid, result.expected, 0.0).sum(-1), observed)
@@ -402,7 +402,7 @@ def test_coverage_null_is_degenerate_when_nothing_can_move():
 
 def test_head_association_matches_contingency_tables():
     selected, separated, valid = head_sets(9, 4, heads=3, L=20)
-    got = lenses.head_association(selected, separated, valid)
+    got = beyond.head_association(selected, separated, valid)
     ok = valid.all(-2)
     for layer in range(selected.shape[0]):
         for h, k in itertools.product(range(3), repeat=2):
@@ -426,64 +426,37 @@ def test_head_association_matches_contingency_tables():
 
 def test_association_counts_add_up_over_blocks():
     selected, separated, valid = head_sets(13, 3, heads=3, L=20)
-    whole = lenses.head_association(selected, separated, valid)
-    parts = [lenses.head_association(selected[..., rows, :], separated[..., rows, :], valid[..., rows])
+    whole = beyond.head_association(selected, separated, valid)
+    parts = [beyond.head_association(selected[..., rows, :], separated[..., rows, :], valid[..., rows])
              for rows in (slice(0, 9), slice(9, 20))]
-    summed = lenses.association_from_counts(*(sum(p[k] for p in parts) for k in ("n11", "n10", "n01", "n00")))
+    summed = beyond.association_from_counts(*(sum(p[k] for p in parts) for k in ("n11", "n10", "n01", "n00")))
     for key in ("n", "phi", "pvalue"):
         close(summed[key], whole[key])
 
 
-# --- long contexts -----------------------------------------------------------------------------------------
-
-
-def test_resolve_long_lengths():
-    assert lenses.resolve_long_lengths(None, 1024, 8192) == [2048, 4096]
-    assert lenses.resolve_long_lengths(None, 1024, 3000) == [2048]
-    assert lenses.resolve_long_lengths(None, 1024, 1024) == []
-    assert lenses.resolve_long_lengths([1500, 3000], 1024, 8192) == [1500, 3000]
-    for bad in ([1024], [4096, 2048], [9000], [], "2048", [2048.0], [True]):
-        with pytest.raises(ValueError, match=r"parameter long_lengths must be None or increasing lengths in \[1025, 8192\]"):
-            lenses.resolve_long_lengths(bad, 1024, 8192)
-    with pytest.raises(ValueError, match="leaves no length above L"):
-        lenses.resolve_long_lengths([2048], 1024, 1024)
-
-
-# --- synthetic instances and slopes -------------------------------------------------------------------------
+# --- synthetic instances -------------------------------------------------------------------------------------
 
 
 def test_synthetic_rows_families():
     g = torch.Generator().manual_seed(0)
-    typical = lenses.synthetic_rows("typical", 50, 40, 2.0, generator=g)
+    typical = beyond.synthetic_rows("typical", 50, 40, 2.0, generator=g)
     assert typical.shape == (50, 40) and typical.dtype == F64 and typical.abs().max() <= 2.0
     assert typical.min() < -1.5 and typical.max() > 1.5
-    planted = lenses.synthetic_rows("planted", 50, 40, 2.0, 1.5, generator=g)
+    planted = beyond.synthetic_rows("planted", 50, 40, 2.0, 1.5, generator=g)
     assert (planted[:, 0] == 2.0).all() and (planted[:, 1:] <= 0.5).all() and (planted[:, 1:] >= -2.0).all()
     assert (planted[:, :1] - planted[:, 1:] >= 1.5).all()  # the gap of planted_weight_bound
-    again = lenses.synthetic_rows("typical", 50, 40, 2.0, generator=torch.Generator().manual_seed(0))
+    again = beyond.synthetic_rows("typical", 50, 40, 2.0, generator=torch.Generator().manual_seed(0))
     assert torch.equal(again, typical)  # one torch.rand draw from the generator
     with pytest.raises(ValueError, match="family must be one of"):
-        lenses.synthetic_rows("flat", 2, 3, 1.0)
+        beyond.synthetic_rows("flat", 2, 3, 1.0)
     with pytest.raises(ValueError, match="gap <= 2a"):
-        lenses.synthetic_rows("planted", 2, 3, 1.0, 3.0)
+        beyond.synthetic_rows("planted", 2, 3, 1.0, 3.0)
 
 
 def test_unit_vectors_lie_on_the_sphere():
-    x = lenses.unit_vectors((3, 7), 5, torch.Generator().manual_seed(1))
+    x = beyond.unit_vectors((3, 7), 5, torch.Generator().manual_seed(1))
     assert x.shape == (3, 7, 5)
     close(x.norm(dim=-1), torch.ones(3, 7))
-
-
-def test_loglog_slope():
-    x = np.array([1.0, 2.0, 4.0, 8.0, 16.0])
-    assert lenses.loglog_slope(x, 3 * x ** -1.0) == pytest.approx(-1.0)
-    assert lenses.loglog_slope(x, 0.5 * x ** 0.75) == pytest.approx(0.75)
-    y = 3 * x ** 2
-    y[1], y[3] = np.nan, 0.0  # dropped points
-    assert lenses.loglog_slope(x, y) == pytest.approx(2.0)
-    assert math.isnan(lenses.loglog_slope([1.0, 2.0], [1.0, np.nan]))
-    with pytest.raises(ValueError, match="same number of points"):
-        lenses.loglog_slope([1, 2, 3], [1, 2])
 
 
 # --- bad input ---------------------------------------------------------------------------------------------
@@ -492,40 +465,40 @@ def test_loglog_slope():
 def test_bad_input():
     l = torch.randn(2, 4, dtype=F64)
     with pytest.raises(ValueError, match="unknown normalizer 'softmax2'"):
-        lenses.jacobian(l, "softmax2")
+        beyond.jacobian(l, "softmax2")
     with pytest.raises(ValueError, match="T must be"):
-        lenses.jvp(l, l, "softmax", T=0.0)
+        beyond.jvp(l, l, "softmax", T=0.0)
     with pytest.raises(ValueError, match="v of shape"):
-        lenses.jvp(l, torch.randn(3), "softmax")
+        beyond.jvp(l, torch.randn(3), "softmax")
     with pytest.raises(ValueError, match="mask must be a boolean"):
-        lenses.row_stats(l.softmax(-1), mask=torch.ones(2, 4))
+        beyond.row_stats(l.softmax(-1), mask=torch.ones(2, 4))
     with pytest.raises(ValueError, match="a must be"):
-        lenses.lemma1_envelope("softmax", -1.0, 4)
+        beyond.lemma1_envelope("softmax", -1.0, 4)
     with pytest.raises(ValueError, match="L must be"):
-        lenses.lemma1_envelope("softmax", 1.0, 0)
-    with pytest.raises(ValueError, match="name must be one of"):
-        lenses.planted_weight_bound("softmax1", 1.0, 4)
+        beyond.lemma1_envelope("softmax", 1.0, 0)
+    with pytest.raises(ValueError, match="normalizer 'softmax1' has no planted-key guarantee"):
+        beyond.planted_weight_bound("softmax1", 1.0, 4)
     with pytest.raises(ValueError, match="N must be"):
-        lenses.lens_distance(l.softmax(-1), torch.randn(4, 3, dtype=F64), 4)
+        beyond.lens_distance(l.softmax(-1), torch.randn(4, 3, dtype=F64), 4)
     sel, sep, valid = head_sets(10, 2)
     with pytest.raises(ValueError, match="inside selected"):
-        lenses.coverage(sel, sep | ~sel, valid, 2)
+        beyond.coverage(sel, sep | ~sel, valid, 2)
     with pytest.raises(ValueError, match="exactly N"):
-        lenses.coverage(sel, sep, valid, 3)
+        beyond.coverage(sel, sep, valid, 3)
     with pytest.raises(ValueError, match="valid of shape"):
-        lenses.coverage(sel, sep, torch.ones(5, dtype=torch.bool), 2)
+        beyond.coverage(sel, sep, torch.ones(5, dtype=torch.bool), 2)
     with pytest.raises(ValueError, match="x must be"):
-        lenses.separated_keys(l.softmax(-1), torch.randn(5, 3, dtype=F64), 1)
+        beyond.separated_keys(l.softmax(-1), torch.randn(5, 3, dtype=F64), 1)
 
 
 def test_geometry_in_small_row_blocks_is_the_same(monkeypatch):
     """Blocks of a few rows cut the keys at each block's last visible key; the top-N keys of a row that sees at
     most N keys then reach beyond its block (they are clamped, the row is invalid): the same numbers."""
     w, x, mask = causal_heads(23, name="sparsemax", L=30)
-    whole = lenses.geometry(w, x, [1, 4, 9], mask)
-    monkeypatch.setattr(metrics, "_BLOCK_ELEMENTS", 2 * w.shape[0] * w.shape[1] * 30)
-    assert len(list(metrics._row_blocks(mask.expand(w.shape)))) > 5
-    for N, g in lenses.geometry(w, x, [1, 4, 9], mask).items():
+    whole = beyond.geometry(w, x, [1, 4, 9], mask)
+    monkeypatch.setattr(kernels, "BLOCK_ELEMENTS", 2 * w.shape[0] * w.shape[1] * 30)
+    assert len(list(kernels.row_blocks(mask.expand(w.shape)))) > 5
+    for N, g in beyond.geometry(w, x, [1, 4, 9], mask).items():
         close(g.distance, whole[N].distance, rtol=1e-13, atol=0)
         close(g.separability, whole[N].separability, rtol=0, atol=0)
         assert torch.equal(g.separated, whole[N].separated) and torch.equal(g.valid, whole[N].valid)

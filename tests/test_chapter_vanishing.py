@@ -206,11 +206,11 @@ def power_rows(L, exponents):
     return pd.concat(frames, ignore_index=True)
 
 
-def test_loglog_slope():
+def test_fitted_slope():
     t = pd.Index([2.0, 4.0, 8.0, 16.0, 32.0])
-    assert V.loglog_slope(pd.Series(3 / t, index=t), 2) == pytest.approx(-1)
-    assert V.loglog_slope(pd.Series(t ** -0.5, index=t), 8) == pytest.approx(-0.5)
-    assert math.isnan(V.loglog_slope(pd.Series(1 / t, index=t), 32))
+    assert V.fitted_slope(pd.Series(3 / t, index=t), 2) == pytest.approx(-1)
+    assert V.fitted_slope(pd.Series(t ** -0.5, index=t), 8) == pytest.approx(-0.5)
+    assert math.isnan(V.fitted_slope(pd.Series(1 / t, index=t), 32))
     assert V.fit_start(1024) == 16 and V.fit_start(24) == 6 and V.fit_start(4) == 2
 
 

@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 import torch
 
-from attn_utils.mathematics import algorithms, lenses, metrics, registry, theory
+from attn_utils.mathematics import algorithms, beyond, metrics, registry, theory
 from attn_utils.mathematics.normalizers import causal_mask
 
 LAYERS, HEADS, L, D = 2, 3, 24, 4
@@ -39,7 +39,7 @@ def calls(logits, w, x, device):
     mask = causal_mask(L, device=device)
     l1, w1, x1 = logits[0], w[0], x[0]  # (heads, L, L) and (heads, L, d): one layer
     top, valid = metrics.top_n_mask(w1, 3, mask)
-    sep = lenses.separated_keys(w1, x1, 3, mask)[1]
+    sep = beyond.separated_keys(w1, x1, 3, mask)[1]
     gen = lambda: torch.Generator().manual_seed(1)  # noqa: E731
     return {
         "Algorithm 1": lambda: algorithms.distance_vs_length(w, x, N=2, lengths=[8, 16, 24], progress=False),
@@ -66,15 +66,15 @@ def calls(logits, w, x, device):
         "theorem2_xi": lambda: theory.theorem2_xi(w1, top, 1.0, 0.1),
         "corollary1_bounds": lambda: tuple(theory.corollary1_bounds(x1, x1, 2.0, mask)),
         "softmax_jacobian": lambda: theory.softmax_jacobian(w1[:, -1], 2.0),
-        "row_stats": lambda: lenses.row_stats(w1, mask),
-        "geometry": lambda: lenses.geometry(w1, x1, [2, 3], mask),
-        "coverage": lambda: lenses.coverage(top, sep, valid, 3, n_perm=3, generator=gen()),
-        "head_association": lambda: lenses.head_association(top, sep, valid),
+        "row_stats": lambda: beyond.row_stats(w1, mask),
+        "geometry": lambda: beyond.geometry(w1, x1, [2, 3], mask),
+        "coverage": lambda: beyond.coverage(top, sep, valid, 3, n_perm=3, generator=gen()),
+        "head_association": lambda: beyond.head_association(top, sep, valid),
         **{f"normalizer {name}": (lambda name=name: registry.normalize(l1, name, mask=mask))
            for name in registry.COMPARED},
-        **{f"jacobian {name}": (lambda name=name: lenses.jacobian(l1[:, 5:7, :8], name, mask=mask[5:7, :8]))
+        **{f"jacobian {name}": (lambda name=name: beyond.jacobian(l1[:, 5:7, :8], name, mask=mask[5:7, :8]))
            for name in registry.COMPARED},
-        **{f"jvp {name}": (lambda name=name: lenses.jvp(l1, torch.ones_like(l1), name, mask=mask))
+        **{f"jvp {name}": (lambda name=name: beyond.jvp(l1, torch.ones_like(l1), name, mask=mask))
            for name in registry.COMPARED},
     }
 
@@ -148,29 +148,30 @@ def test_cuda_gives_what_the_cpu_gives(name):
 @pytest.fixture(scope="module")
 def captures():
     """gpt2-random on a 32-token window: what each model chapter captures (on the CPU, outside the check)."""
-    from attn_utils.book.chapters import remedies
+    from attn_utils.book.chapters import beyond as chapter6
     from attn_utils.book.session import Session
 
     s = Session.open(model="gpt2-random", L=32, device="cpu")
     return {"weights": s.capture(what=("weights", "q", "k", "v")),
             "logits": s.capture(what=("logits",), logit_scale="model"),
-            "lenses": remedies.capture_logits(s, [64], 2)}
+            "lenses": chapter6.capture_logits(s, [64], 2)}
 
 
 def pipelines(c):
     """Each model chapter's analysis of the captures, as the chapters call it."""
-    from attn_utils.book.chapters import distance, gradient, remedies, separability, setting, vanishing
+    from attn_utils.book.chapters import beyond as chapter6
+    from attn_utils.book.chapters import distance, gradient, separability, setting, vanishing
 
     w, x = c["weights"].weights, c["weights"].v
     names = list(registry.COMPARED)
     grid = dict(N=2, lengths=[8, 16, 32], alpha=0.01, reading="sum_of_norms", rows_per_octave=None)
 
     def ch6():
-        geometry = remedies.geometry_model(c["lenses"], names, 2, [2, 4])
-        return (remedies.lemma1_model(c["lenses"], names).rows, geometry.rows,
-                remedies.gradient_model(c["lenses"], names, [0.1, 1.0], 0).table,
-                remedies.long_context(c["lenses"], geometry).curves,
-                remedies.coverage(c["lenses"], geometry, [2, 4], 3, 0).shown())
+        geometry = chapter6.geometry_model(c["lenses"], names, 2, [2, 4])
+        return (chapter6.lemma1_model(c["lenses"], names).rows, geometry.rows,
+                chapter6.gradient_model(c["lenses"], names, [0.1, 1.0], 0).table,
+                chapter6.long_context(c["lenses"], geometry).curves,
+                chapter6.coverage(c["lenses"], geometry, [2, 4], 3, 0).shown())
 
     return {
         "ch0": lambda: setting.layer_checks(w[0]),

@@ -29,3 +29,59 @@ def test_a_broken_contract_is_caught(tmp_path, monkeypatch, module, line):
     for name in [m for m in sys.modules if m == "attn_utils" or m.startswith("attn_utils.")]:
         monkeypatch.delitem(sys.modules, name)  # the checker must find the copy, not the package already imported
     assert lint_imports(no_cache=True) == 1
+
+
+def _private_uses(path: Path) -> list[str]:
+    """Uses of another attn_utils module's underscore names in one source file: ``from attn_utils.x import _y`` and
+    ``module._y`` where ``module`` was imported from attn_utils (dunder names are not private)."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    modules, found = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("attn_utils"):
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.append(f"{path.name}:{node.lineno} from {node.module} import {alias.name}")
+                else:
+                    modules.add(alias.asname or alias.name)  # a module or a public name; only modules have attributes
+        elif isinstance(node, ast.Import):
+            modules.update(a.asname or a.name for a in node.names if a.name.startswith("attn_utils"))
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            found.append(f"{path.name}:{node.lineno} {node.value.id}.{node.attr}")
+    return found
+
+
+def test_no_module_uses_another_modules_private_names():
+    uses = [u for path in sorted((ROOT / "attn_utils").rglob("*.py")) for u in _private_uses(path)]
+    assert uses == []
+
+
+def test_the_private_name_check_can_fail(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("from attn_utils.mathematics import metrics\nfrom attn_utils.book.formatting import _x\n"
+                      "metrics._visible(None, None)\nmetrics.__name__\n")
+    assert _private_uses(module) == ["m.py:2 from attn_utils.book.formatting import _x", "m.py:3 metrics._visible"]
+
+
+def test_the_mathematics_api_is_documented_and_complete():
+    """``attn_utils.mathematics.__all__`` is the public API: every name is there, documented, defined in a module of
+    the mathematics other than the unchecked kernels, and every public function of the modules it groups is in it."""
+    import importlib
+    import inspect
+
+    import attn_utils.mathematics as api
+
+    assert len(set(api.__all__)) == len(api.__all__) and api.__doc__
+    for name in api.__all__:
+        value = getattr(api, name)
+        if inspect.isfunction(value) or inspect.isclass(value):
+            assert value.__doc__, name
+            assert value.__module__.startswith("attn_utils.mathematics."), name
+            assert value.__module__ not in ("attn_utils.mathematics.kernels", "attn_utils.mathematics.validation")
+    for name in ("normalizers", "metrics", "algorithms", "beyond", "fitting", "theory"):
+        module = importlib.import_module(f"attn_utils.mathematics.{name}")
+        callables = {n for n in module.__all__ if callable(getattr(module, n))}  # functions and classes, not constants
+        assert callables <= set(api.__all__), (name, callables - set(api.__all__))

@@ -381,7 +381,7 @@ def test_general_ignores_F_at_masked_keys_and_checks_its_inputs():
 
 @pytest.mark.parametrize("mask_shape", [(4,), (2, 5), (2, 3, 5)])
 def test_mask_of_wrong_shape(mask_shape):
-    with pytest.raises(ValueError, match=r"mask of shape .* is not broadcastable to logits"):
+    with pytest.raises(ValueError, match=r"mask of shape .* does not broadcast to logits"):
         softmax(torch.zeros(3, 5), mask=torch.ones(mask_shape, dtype=torch.bool))
 
 
@@ -391,8 +391,10 @@ def test_mask_must_be_boolean():
 
 
 def test_logits_need_a_key_axis():
-    with pytest.raises(ValueError, match=r"logits must have at least one key"):
+    with pytest.raises(ValueError, match=r"logits must be a float tensor of shape \(\.\.\., L\) with at least one key"):
         softmax(torch.tensor(1.0))
+    with pytest.raises(ValueError, match=r"logits must have at least one key"):
+        softmax(torch.zeros(3, 0))
 
 
 def test_causal_mask_bad_length():

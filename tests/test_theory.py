@@ -14,6 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attn_utils.mathematics import kernels
 from attn_utils.mathematics import theory as th
 
 MANY = settings(max_examples=1000, deadline=None)
@@ -364,8 +365,8 @@ def test_loops_theorem1_and_corollary2(batch_case, monkeypatch):
     sel = top_n(w, np.broadcast_to(mask, w.shape) if mask is not None else None, N)
     idx, vis = rows_of(w, mask)
     results = {}
-    for chunk in (th.CHUNK_ELEMENTS, 1):  # also one row per chunk
-        monkeypatch.setattr(th, "CHUNK_ELEMENTS", chunk)
+    for chunk in (kernels.CHUNK_ELEMENTS, 1):  # also one row per chunk
+        monkeypatch.setattr(kernels, "CHUNK_ELEMENTS", chunk)
         results[chunk] = (
             th.theorem1_fixed_bound(t(w), t(x), torch.as_tensor(sel), tm),
             th.theorem1_random_main_sum(t(w), t(x), N, tm),

@@ -31,7 +31,7 @@ import pandas as pd
 import yaml
 
 from attn_utils.book import runlog
-from attn_utils.book.formatting import _scalar, fmt
+from attn_utils.book.formatting import fmt, scalar
 
 VERDICTS = ("reproduced", "partly reproduced", "not reproduced", "not comparable", "holds", "fails")
 LEDGER_DIR = Path(__file__).resolve().parent / "ledger"
@@ -56,7 +56,7 @@ def evaluate(expression: str, values: Mapping[str, Any]) -> Any:
         if isinstance(node, ast.Name):
             if node.id not in values:
                 raise ValueError(f"rule {expression!r} needs the value {node.id!r}; given: {sorted(values)}")
-            return _scalar(values[node.id])
+            return scalar(values[node.id])
         if isinstance(node, (ast.List, ast.Tuple)):
             return [ev(e) for e in node.elts]
         if isinstance(node, ast.BoolOp):
@@ -163,7 +163,7 @@ def specs(folder: Path = LEDGER_DIR) -> dict[str, ClaimSpec]:
 
 class _Template(string.Formatter):
     def format_field(self, value, format_spec):
-        return format(_scalar(value), format_spec) if format_spec else fmt(value)
+        return format(scalar(value), format_spec) if format_spec else fmt(value)
 
 
 @dataclass(frozen=True)
@@ -201,7 +201,7 @@ def judge(key: str, *, model: str, **values: Any) -> Claim:
 
 def _plain(value: Any) -> Any:
     """A JSON-ready copy of a measured value (numpy and torch scalars and arrays become numbers and lists)."""
-    value = _scalar(value)
+    value = scalar(value)
     if hasattr(value, "tolist"):
         return value.tolist()
     if isinstance(value, (list, tuple)):

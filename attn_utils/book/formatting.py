@@ -16,7 +16,7 @@ SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 SCIENTIFIC_BELOW, SCIENTIFIC_FROM = 1e-3, 1e6
 
 
-def _scalar(value: Any) -> Any:
+def scalar(value: Any) -> Any:
     """A Python scalar from a numpy or torch scalar (0-d array or tensor); other values unchanged."""
     item = getattr(value, "item", None)
     if callable(item) and getattr(value, "ndim", 0) == 0:
@@ -32,7 +32,7 @@ def is_number(value: Any) -> bool:
 def fmt(value: Any, digits: int = 3) -> str:
     """``value`` for reading: integers whole, reals to ``digits`` significant digits, scientific notation only
     below 10⁻³ or from 10⁶, ``n/a`` for NaN, ``yes``/``no`` for booleans; a list is formatted element-wise."""
-    value = _scalar(value)
+    value = scalar(value)
     if isinstance(value, str):
         return value
     if isinstance(value, bool):

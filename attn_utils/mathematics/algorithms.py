@@ -4,9 +4,11 @@ Inputs are one model's attention for one text: ``weights`` or ``logits`` of shap
 and vectors ``x`` of shape (layers, heads, L, d) (by project policy the per-head value vectors). Any
 float dtype is accepted; each layer is cast to float64 on its own, so float32 storage halves the
 memory and the arithmetic stays in float64. ``mask`` defaults to the causal mask (row t, 0-based,
-sees keys 0..t); a (L, L) or (layers, heads, L, L) boolean mask may be given instead.
+sees keys 0..t); a boolean mask that broadcasts to (layers, heads, L, L), e.g. (L, L), may be given instead.
+The shapes are checked up front by :meth:`Rows.of` without a copy, each layer's values when it is read. The
+window is the data: for a shorter one pass its leading L x L block (and the first L vectors).
 
-Each function processes one layer at a time and the rows in blocks (``metrics._row_blocks``), then
+Each function processes one layer at a time and the rows in blocks (``kernels.row_blocks``), then
 averages per-row quantities over the *valid* rows of each head: rows that see more than N keys
 (L_r > N; the causal convention is ours, see book/sources.md). Results are tidy ``pandas`` DataFrames with
 one row per (grid value, layer, head). ``progress=False`` silences the tqdm bar over layers.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import NamedTuple
 
 import numpy as np
@@ -31,10 +34,10 @@ import torch
 from scipy.stats import ks_2samp
 from tqdm.auto import tqdm
 
-from attn_utils.mathematics import metrics, theory
+from attn_utils.mathematics import kernels, metrics, theory
 from attn_utils.mathematics.normalizers import causal_mask
 from attn_utils.mathematics.rows import Rows, unit_scale
-from attn_utils.mathematics.validation import as_tensor, check_choice, check_int, check_positive
+from attn_utils.mathematics.validation import check_choice, check_int, check_positive
 
 __all__ = [
     "CriticalN",
@@ -43,6 +46,8 @@ __all__ = [
     "distance_vs_length",
     "distance_vs_n",
     "gradient_sensitivity",
+    "octave_blocks",
+    "sample_rows",
     "separability_vs_n",
     "theorem1_row_check",
 ]
@@ -70,39 +75,15 @@ _DISTANCE_BLOCK = 1 << 19
 # --- input handling ---------------------------------------------------------------------------------
 
 
-def _attention(name: str, value) -> torch.Tensor:
-    t = as_tensor(name, value)
-    if t.ndim != 4 or t.shape[-1] != t.shape[-2] or not t.is_floating_point():
-        raise ValueError(f"{name} must be a float tensor of shape (layers, heads, L, L), got {tuple(t.shape)}")
-    return t
-
-
-def _vectors(x, attention: torch.Tensor) -> torch.Tensor:
-    x = as_tensor("x", x)
-    if x.ndim != 4 or x.shape[:3] != attention.shape[:3] or not x.is_floating_point():
-        raise ValueError(
-            f"x must be a float tensor of shape (layers, heads, L, d) = {tuple(attention.shape[:3])} + (d,), "
-            f"got {tuple(x.shape)}"
-        )
-    return x
-
-
-def _mask(mask, attention: torch.Tensor) -> torch.Tensor:
-    """The visibility per layer: a (heads, L, L) view for each layer index."""
-    L = attention.shape[-1]
+def _inputs(name: str, weights, x=None, mask=None) -> Rows:
+    """One model's attention ``weights`` (or logits) (layers, heads, L, L), its vectors ``x`` (layers, heads, L, d) and
+    the visibility (``mask`` broadcastable to the weights; None: the causal mask), their shapes checked by
+    :meth:`Rows.of` without a copy: each layer's values are checked in float64 when it is read (:func:`_layer`)."""
+    rows = Rows.of(weights, x, mask, name=name, lead=("layers", "heads"), square=True, values=False)
     if mask is None:
-        return causal_mask(L, device=attention.device).expand(attention.shape)
-    mask = as_tensor("mask", mask)
-    if mask.dtype != torch.bool or mask.shape not in {(L, L), attention.shape}:
-        raise ValueError(
-            f"mask must be a boolean tensor of shape (L, L) = ({L}, {L}) or {tuple(attention.shape)}, "
-            f"got {mask.dtype} {tuple(mask.shape)}"
-        )
-    return mask.to(attention.device).expand(attention.shape)
-
-
-def _length(L, attention: torch.Tensor) -> int:
-    return attention.shape[-1] if L is None else check_int("L", L, low=2, high=attention.shape[-1])
+        causal = causal_mask(rows.weights.shape[-1], device=rows.weights.device).expand(rows.weights.shape)
+        rows = replace(rows, visible=causal, masked=True)
+    return rows
 
 
 def _grid(name: str, values, low: int, high: int) -> list[int]:
@@ -216,7 +197,7 @@ def _distance_rows(w, xs, visible, need: dict, reading: str, farthest=None, expe
     if farthest is not None:
         xu, unit = unit_scale(xs)  # the bound is computed on x / c per head (see theory.theorem1_fixed_bound)
         norms = xu.norm(dim=-1)
-    for rows, k in metrics._row_blocks(visible, _DISTANCE_BLOCK):
+    for rows, k in kernels.row_blocks(visible, _DISTANCE_BLOCK):
         wanted = {N: need[N][rows] & (longest_row[rows] > N) for N in need if N < k}
         live = sorted(N for N, keep in wanted.items() if keep.any())
         if not live:
@@ -224,16 +205,16 @@ def _distance_rows(w, xs, visible, need: dict, reading: str, farthest=None, expe
         wb, vb, xb, lb = w[:, rows, :k], visible[:, rows, :k], xs[:, :k], lengths[:, rows]
         r = wb.shape[1]
         scores = wb.masked_fill(~vb, -torch.inf)
-        ranked, order = metrics._ranked(scores, live[-1] + 1)
+        ranked, order = kernels.rank_scores(scores, live[-1] + 1)
         hidden = int(vb.all(0).all(0).logical_not().nonzero()[0]) if not vb.all() else k  # keys before: all visible
         if expectation:
-            wsq, wxm, mm = theory._main_sum_terms(wb, xb, x2[..., :k])
+            wsq, wxm, mm = kernels.main_sum_terms(wb, xb, x2[..., :k])
         else:
             wsq = wb * wb * x2[..., :k]
         context, done = wb.new_zeros(heads, r, xs.shape[-1]), 0  # sum of the keys ranked < done
         for N in live:
             band = order[..., done:N]
-            context += metrics._weighted_sum(xs, band, wb.gather(-1, band))  # xs: contiguous, no copy
+            context += kernels.weighted_sum(xs, band, wb.gather(-1, band))  # xs: contiguous, no copy
             done = N
             at = np.flatnonzero(wanted[N])
             rs = slice(int(at[0]), int(at[-1]) + 1)  # block rows rs.start.. are rows rows.start + rs.start..
@@ -245,13 +226,13 @@ def _distance_rows(w, xs, visible, need: dict, reading: str, farthest=None, expe
                 sel = torch.zeros_like(sv).scatter_(-1, top, True)
                 top = None
             if reading == "sum_of_norms":  # alpha_i <= the N-th largest weight outside the set
-                dist = metrics._distance_sum(sw, xb, sv, sel, top, wsq[:, rs], ranked[:, rs, N - 1 : N] * longest, s,
+                dist = kernels.distance_sum(sw, xb, sv, sel, top, wsq[:, rs], ranked[:, rs, N - 1 : N] * longest, s,
                                              hidden)
             else:
-                dist = metrics._distance_norm(sw, xb, sel, sv & ~sel)
+                dist = kernels.distance_norm(sw, xb, sel, sv & ~sel)
             values = {"distance": dist}
             if expectation:
-                values["expectation"] = theory._main_sum(wsq[:, rs], wxm[:, rs], mm[:, rs], sv, sl, N, hidden)
+                values["expectation"] = kernels.main_sum(wsq[:, rs], wxm[:, rs], mm[:, rs], sv, sl, N, hidden)
             if farthest is not None:
                 values["bound"] = _fixed_bound(sw, sel, sv & ~sel, valid, keys, ranked[:, rs], N, xu, unit, norms,
                                                farthest)
@@ -266,14 +247,14 @@ def _distance_rows(w, xs, visible, need: dict, reading: str, farthest=None, expe
 def _top_set(scores, ranked, order, context, w, x, valid, N: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The top-N set of each row of a block (heads, r, k) as its keys (heads, r, N), and its context vectors: the
     first N keys of ``order`` (the keys by decreasing score, ``ranked`` their scores) and ``context`` (their
-    weighted sum of x), except on the valid rows where a tie straddles the threshold (``metrics._tied``): there
-    the lowest indices among the tied keys (``metrics._select``), summed directly."""
+    weighted sum of x), except on the valid rows where a tie straddles the threshold (``kernels.tied_rows``): there
+    the lowest indices among the tied keys (``kernels.select_top``), summed directly."""
     top, s = order[..., :N], context
-    tied = metrics._tied(ranked, valid, N)
+    tied = kernels.tied_rows(ranked, valid, N)
     if tied.any():
-        sel = metrics._select(scores[tied], ranked[tied], valid[tied], N)[0]
+        sel = kernels.select_top(scores[tied], ranked[tied], valid[tied], N)[0]
         top, s = top.clone(), s.clone()
-        top[tied] = theory._compact(sel, N)[0]
+        top[tied] = kernels.compact(sel, N)[0]
         s[tied] = (torch.where(sel, w[tied], 0.0).unsqueeze(-2) @ x[tied.nonzero()[:, 0]]).squeeze(-2)
     return top, s
 
@@ -287,7 +268,7 @@ def _fixed_bound(w, sel, outside, valid, keys, ranked, N: int, xu, unit, norms, 
     b, r = valid.nonzero(as_tuple=True)
     idx = keys[b, r]  # (P, N)
     unsel = outside[b, r]
-    d1 = theory._sqrt0(theory._max_cross_sq_distance(xu, farthest, unit, b, idx, torch.ones_like(idx, dtype=torch.bool),
+    d1 = kernels.sqrt0(kernels.max_cross_sq_distance(xu, farthest, unit, b, idx, torch.ones_like(idx, dtype=torch.bool),
                                                      unsel))
     abar = ranked[b, r, :N].sum(-1)
     rest = torch.where(unsel, w[b, r], 0.0).sum(-1)
@@ -308,7 +289,7 @@ def _row_weights(pairs, samples, union: np.ndarray) -> dict[tuple[int, int], np.
     return out
 
 
-def _distance_table(weights, x, pairs, mask, reading, with_bound, progress, desc, rows_per_octave) -> pd.DataFrame:
+def _distance_table(inputs: Rows, pairs, reading, with_bound, progress, desc, rows_per_octave) -> pd.DataFrame:
     """Algorithms 1-3: per (L, N) of ``pairs`` and per head, the means over the valid rows of length L (every row,
     or the rows of ``sample_rows(L, rows_per_octave)`` weighted) of d-tilde, E and (``with_bound``) the bound.
 
@@ -318,7 +299,7 @@ def _distance_table(weights, x, pairs, mask, reading, with_bound, progress, desc
     check_choice("reading", reading, metrics.READINGS)
     if rows_per_octave is not None:
         rows_per_octave = check_int("rows_per_octave", rows_per_octave, low=1)
-    visible_all = _mask(mask, weights)
+    weights, x, visible_all = inputs.weights, inputs.x, inputs.visible
     lengths = sorted({L for L, _ in pairs})
     samples = {L: sample_rows(L, rows_per_octave) for L in lengths}
     union = np.unique(np.concatenate([r for r, _ in samples.values()]))
@@ -376,28 +357,24 @@ def distance_vs_length(weights, x, N: int = 5, lengths=(32, 64, 128, 256, 512, 1
     only up to ~1e-7). ``rows_per_octave``: None averages over every query row; an integer K averages
     over the rows of ``sample_rows(L, K)`` of each L, weighted (see the module docstring).
     """
-    weights = _attention("weights", weights)
-    x = _vectors(x, weights)
-    lengths = _grid("lengths", lengths, low=2, high=weights.shape[-1])
+    inputs = _inputs("weights", weights, x, mask)
+    lengths = _grid("lengths", lengths, low=2, high=inputs.weights.shape[-1])
     N = check_int("N", N, low=1, high=min(lengths) - 1)
-    return _distance_table(weights, x, [(L, N) for L in lengths], mask, reading, True, progress, "Algorithm 1",
-                           rows_per_octave)
+    return _distance_table(inputs, [(L, N) for L in lengths], reading, True, progress, "Algorithm 1", rows_per_octave)
 
 
-def distance_vs_n(weights, x, Ns=(1, 5, 10, 20, 100), L: int | None = None, mask=None,
-                  reading: str = "sum_of_norms", progress: bool = True,
-                  rows_per_octave: int | None = None) -> pd.DataFrame:
-    """Algorithm 2 (Fig. 2b): distance statistics at fixed L (default: all keys) for growing N.
+def distance_vs_n(weights, x, Ns=(1, 5, 10, 20, 100), mask=None, reading: str = "sum_of_norms",
+                  progress: bool = True, rows_per_octave: int | None = None) -> pd.DataFrame:
+    """Algorithm 2 (Fig. 2b): distance statistics at the window's length L (all its keys; pass the leading
+    L x L block for a shorter one) for growing N.
 
     Same columns and conventions (renormalised rows, ``rows_per_octave``) as :func:`distance_vs_length`;
     every N must satisfy 1 <= N <= L - 1.
     """
-    weights = _attention("weights", weights)
-    x = _vectors(x, weights)
-    L = _length(L, weights)
+    inputs = _inputs("weights", weights, x, mask)
+    L = inputs.weights.shape[-1]
     Ns = _grid("N", Ns, low=1, high=L - 1)
-    return _distance_table(weights, x, [(L, N) for N in Ns], mask, reading, True, progress, "Algorithm 2",
-                           rows_per_octave)
+    return _distance_table(inputs, [(L, N) for N in Ns], reading, True, progress, "Algorithm 2", rows_per_octave)
 
 
 def critical_n(weights, x, lengths, Ns, alpha: float = 0.01, mask=None, reading: str = "sum_of_norms",
@@ -415,17 +392,16 @@ def critical_n(weights, x, lengths, Ns, alpha: float = 0.01, mask=None, reading:
     Returns ``CriticalN(tests, summary)``: ``tests`` has columns L, N, statistic, pvalue, reject;
     ``summary`` has L, critical_n, critical_fraction (= critical_n / L, NaN when -1).
     """
-    weights = _attention("weights", weights)
-    x = _vectors(x, weights)
+    inputs = _inputs("weights", weights, x, mask)
     alpha = check_positive("alpha", alpha)
     if alpha >= 1:
         raise ValueError(f"alpha must be a significance level in (0, 1), got {alpha}")
-    lengths = _grid("lengths", lengths, low=2, high=weights.shape[-1])
+    lengths = _grid("lengths", lengths, low=2, high=inputs.weights.shape[-1])
     grids = {L: _grid("Ns", Ns(L) if callable(Ns) else Ns, low=1, high=None) for L in lengths}
     pairs = [(L, N) for L in lengths for N in grids[L] if N < L]
     if not pairs:
         raise ValueError("Ns must hold at least one N smaller than some length of lengths")
-    means = _distance_table(weights, x, pairs, mask, reading, False, progress, "Algorithm 3", rows_per_octave)
+    means = _distance_table(inputs, pairs, reading, False, progress, "Algorithm 3", rows_per_octave)
     tests = []
     for (L, N), group in means.groupby(["L", "N"], sort=True):
         result = ks_2samp(group["distance"].to_numpy(), group["expectation"].to_numpy())
@@ -448,8 +424,8 @@ def theorem1_row_check(weights, x, Ns, tol: float = 1e-9, mask=None, reading: st
     its top-N set by more than ``tol``: d > bound (1 + tol) + tol. Returns ``{"checked": rows checked,
     "violations": their number, "largest_ratio": the largest d / bound over the rows with bound > 0}``.
     """
-    weights = _attention("weights", weights)
-    x = _vectors(x, weights)
+    inputs = _inputs("weights", weights, x, mask)
+    weights, x, visible_all = inputs.weights, inputs.x, inputs.visible
     check_choice("reading", reading, metrics.READINGS)
     tol = float(tol)
     if not tol >= 0:
@@ -459,7 +435,6 @@ def theorem1_row_check(weights, x, Ns, tol: float = 1e-9, mask=None, reading: st
     L = weights.shape[-1]
     Ns = _grid("Ns", Ns, low=1, high=L - 1)
     rows = torch.as_tensor(sample_rows(L, rows_per_octave)[0], device=weights.device)
-    visible_all = _mask(mask, weights)
     need = {N: np.ones(len(rows), dtype=bool) for N in Ns}
 
     def layer_counts(layer: int) -> tuple[int, int, float]:
@@ -483,31 +458,31 @@ def theorem1_row_check(weights, x, Ns, tol: float = 1e-9, mask=None, reading: st
 # --- Algorithm 4: separability --------------------------------------------------------------------------
 
 
-def separability_vs_n(weights, x, Ns=(1, 2, 4, 8, 16, 32, 64, 100), M: float = 1.0, L: int | None = None,
-                      mask=None, progress: bool = True) -> pd.DataFrame:
-    """Algorithm 4 (Fig. 3): separability N_s / N and the bounds of Theorem 2, for growing N.
+def separability_vs_n(weights, x, Ns=(1, 2, 4, 8, 16, 32, 64, 100), M: float = 1.0, mask=None,
+                      progress: bool = True) -> pd.DataFrame:
+    """Algorithm 4 (Fig. 3): separability N_s / N and the bounds of Theorem 2, for growing N, at the window's
+    length L (all its keys; pass the leading L x L block for a shorter one).
 
-    Per layer the head's vectors (first L keys) are projected onto the sphere of radius M
+    Per layer the head's vectors are projected onto the sphere of radius M
     (Assumption 1) and delta is their minimum pairwise distance (Assumption 2, per head). Per row:
     r = min_{i not in I_N} ||s - alpha_i x_i|| and N_s / N from ``metrics.separability`` (strict count,
     see there); lower and upper bounds from ``theory.theorem2_bounds``. Columns: layer, head, L, N,
     ``separability``, ``lower``, ``upper`` (means over valid rows; rows with r = 0 have no bounds and
     are left out of those two means), ``delta``.
     """
-    weights = _attention("weights", weights)
-    x = _vectors(x, weights)
+    inputs = _inputs("weights", weights, x, mask)
+    weights, x, visible_all = inputs.weights, inputs.x, inputs.visible
     M = check_positive("M", M)
-    L = _length(L, weights)
+    L = weights.shape[-1]
     Ns = _grid("N", Ns, low=1, high=L - 1)
-    visible_all = _mask(mask, weights)
 
     def layer_frames(layer: int) -> list[dict]:
         w, xs, visible = _layer(weights, x, visible_all[layer], layer, L, renormalize=False)
-        xs = metrics._project(xs, M).contiguous()
+        xs = kernels.project(xs, M).contiguous()
         delta = metrics.min_pairwise_distance(xs).unsqueeze(-1)
         longest = xs.norm(dim=-1).amax(-1).view(-1, 1, 1)  # M, or 0 for a head of zero vectors
         acc = {N: _RowMeans(w.shape[0], ("separability", "lower", "upper"), w.device) for N in Ns}
-        for rows, k in metrics._row_blocks(visible, _DISTANCE_BLOCK):
+        for rows, k in kernels.row_blocks(visible, _DISTANCE_BLOCK):
             live = [N for N in Ns if N < k]  # the others: every row of the block sees <= N keys
             if not live:
                 continue
@@ -515,22 +490,22 @@ def separability_vs_n(weights, x, Ns=(1, 2, 4, 8, 16, 32, 64, 100), M: float = 1
             hidden = int(vb.all(0).all(0).logical_not().nonzero()[0]) if not vb.all() else k  # before: all visible
             wsq = wb * wb * xb.square().sum(-1).unsqueeze(-2)
             scores = wb.masked_fill(~vb, -torch.inf)
-            ranked, order = metrics._ranked(scores, live[-1] + 1)
+            ranked, order = kernels.rank_scores(scores, live[-1] + 1)
             lengths = vb.sum(-1)
             context, done = wb.new_zeros(*wb.shape[:2], xs.shape[-1]), 0  # the sum over the keys ranked < done
             for N in live:
                 band = order[..., done:N]
-                context += metrics._weighted_sum(xs, band, wb.gather(-1, band))  # xs: contiguous, no copy
+                context += kernels.weighted_sum(xs, band, wb.gather(-1, band))  # xs: contiguous, no copy
                 done = N
                 valid = lengths > N
                 top, s = _top_set(scores, ranked, order, context, wb, xb, valid, N)
                 # the (N + 1)-th largest weight bounds those outside the set
-                ratio, r, _ = metrics._separability_rows(wb, xb, vb, top, valid, N, s, wsq,
+                ratio, r, _ = kernels.separability_rows(wb, xb, vb, top, valid, N, s, wsq,
                                                          ranked[..., N : N + 1] * longest, hidden)
                 acc[N].add("separability", ratio, valid)
                 usable = valid & (r > 0)
                 r = torch.where(usable, r, 1.0)  # invalid rows: any radius > 0, their bounds are discarded
-                lower, upper = theory._theorem2(ranked[..., :N], torch.ones_like(top, dtype=torch.bool),
+                lower, upper = kernels.theorem2_selected(ranked[..., :N], torch.ones_like(top, dtype=torch.bool),
                                                 r.unsqueeze(-1), M, delta.unsqueeze(-1))
                 acc[N].add("lower", lower, usable)
                 acc[N].add("upper", upper, usable)
@@ -559,13 +534,13 @@ def gradient_sensitivity(logits, Ts, epsilons=(1e-3, 1e-1, 10), mask=None, seed:
     ``corollary3_bound`` (the paper's min{1/(4T), sqrt 2}) and ``finite_difference_bound`` (a valid
     bound on g, ``theory.finite_difference_bound``).
     """
-    logits = _attention("logits", logits)
+    inputs = _inputs("logits", logits, mask=mask)
+    logits, visible_all = inputs.weights, inputs.visible
     Ts = [check_positive("T", T) for T in Ts]
     epsilons = [check_positive("eps", eps) for eps in epsilons]
     if not Ts or not epsilons:
         raise ValueError("Ts and epsilons must each hold at least one value")
     seed = check_int("seed", seed, low=0)
-    visible_all = _mask(mask, logits)
     generator = torch.Generator().manual_seed(seed)
     drawn = [threading.Event() for _ in range(logits.shape[0])]  # the layers draw their directions in order
 
@@ -576,10 +551,10 @@ def gradient_sensitivity(logits, Ts, epsilons=(1e-3, 1e-1, 10), mask=None, seed:
                 raise ValueError("logits must be finite at visible keys (NaN or inf found)")
             if layer:
                 drawn[layer - 1].wait()
-            v = metrics._directions(visible, generator)
+            v = kernels.unit_directions(visible, generator)
         finally:
             drawn[layer].set()
-        g = metrics._fd_gradients(l, v, visible, Ts, epsilons)
+        g = kernels.fd_gradients(l, v, visible, Ts, epsilons)
         seen = visible.any(-1)
         means = torch.where(seen, g, 0.0).sum(-1) / seen.sum(-1)
         return [_frame(layer, {"T": T, "eps": eps}, {"g": means[a, b]})

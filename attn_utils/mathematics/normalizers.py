@@ -21,7 +21,8 @@ import torch
 from entmax import entmax15 as _entmax15
 from entmax import sparsemax as _sparsemax
 
-from attn_utils.mathematics.validation import as_tensor, broadcasts_to, check_finite, check_int, check_positive
+from attn_utils.mathematics.rows import Rows
+from attn_utils.mathematics.validation import as_tensor, check_int, check_positive
 
 __all__ = [
     "causal_mask",
@@ -46,27 +47,16 @@ def causal_mask(L: int, device=None) -> torch.Tensor:
 
 
 def _prepare(logits, mask) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate the logits and the mask; return the float logits and the visibility of every entry."""
+    """The float logits (integer data and lists in torch's default dtype, floats as they are) and the visibility of
+    every entry, validated by :meth:`Rows.of`: at least one key on the last axis, no NaN, a boolean mask that
+    broadcasts to the logits, and infinite logits only at masked keys."""
     logits = as_tensor("logits", logits)
     if not logits.is_floating_point():
         logits = logits.to(torch.get_default_dtype())
-    if logits.ndim == 0 or logits.shape[-1] == 0:
-        raise ValueError(f"logits must have at least one key on the last axis, got shape {tuple(logits.shape)}")
-    check_finite("logits", logits)
-    if mask is None:
-        visible = torch.ones_like(logits, dtype=torch.bool)
-    else:
-        mask = as_tensor("mask", mask)
-        if mask.dtype != torch.bool:
-            raise ValueError(f"mask must be a boolean tensor (True = key visible), got dtype {mask.dtype}")
-        if not broadcasts_to(mask.shape, logits.shape):
-            raise ValueError(
-                f"mask of shape {tuple(mask.shape)} is not broadcastable to logits of shape {tuple(logits.shape)}"
-            )
-        visible = mask.to(logits.device).expand(logits.shape)
-    if (torch.isinf(logits) & visible).any():
+    rows = Rows.of(logits, mask=mask, name="logits", dtype=None, sums_to_one=False, row_axis=False, finite=False)
+    if (torch.isinf(rows.weights) & rows.visible).any():
         raise ValueError("logits may be infinite only at masked positions; a visible logit is ±inf")
-    return logits, visible
+    return rows.weights, rows.visible
 
 
 def _check_overflow(z: torch.Tensor, what: str) -> torch.Tensor:

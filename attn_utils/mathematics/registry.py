@@ -4,10 +4,14 @@ A :class:`Normalizer` holds the function (the uniform contract of :mod:`normaliz
 shape, keys on the last axis, a boolean ``mask``, masked keys weigh exactly 0), its label for figures and
 tables, what its rows are (``distribution``, ``sub-distribution`` of mass <= 1, or ``signed``), its keyword
 parameters, the Lemma 1 envelope (the band every weight of a row of L logits in [-a, a] lies in, chapter
-``ch6_beyond``, Propositions 1-2), and its Jacobian d alpha / d l in closed form (:mod:`lenses` evaluates
-it). **Adding a normalizer is one record in** :data:`RECORDS` **plus its tests**: ``tests/test_registry.py``
-checks every record's Jacobian against autograd, its envelope on random rows and its kind.
-:func:`get` raises ``ValueError`` for an unknown name, everywhere.
+``ch6_beyond``, Propositions 1-2), whether Lemma 1 or Proposition ch6-prop-still-vanish forces its weights to
+vanish like 1/L (``vanishes``), the weight it guarantees a key whose logit leads its row by a gap (``planted``),
+its Jacobian d alpha / d l in closed form (:mod:`beyond` evaluates it) and the bound on that Jacobian's spectral
+norm of Proposition ch6-prop-jacobians (``jacobian_norm``). **Adding a normalizer is one record in**
+:data:`RECORDS` **plus its tests**: ``tests/test_registry.py`` checks every record's Jacobian against autograd,
+its envelope on random rows, its kind, its planted-key guarantee on random rows, its ``vanishes`` against the
+weights it gives planted keys, and its Jacobian norm bound. :func:`get` raises ``ValueError`` for an unknown
+name, everywhere.
 """
 from __future__ import annotations
 
@@ -18,6 +22,8 @@ from dataclasses import dataclass
 import torch
 
 from attn_utils.mathematics import normalizers
+
+__all__ = ["COMPARED", "KINDS", "RECORDS", "REGISTRY", "Jacobian", "NormBound", "Normalizer", "Parts", "get", "normalize"]
 
 KINDS = ("distribution", "sub-distribution", "signed")
 
@@ -44,8 +50,19 @@ class Jacobian:
 
 
 @dataclass(frozen=True)
+class NormBound:
+    """A bound on ||d alpha / d l||_2 per row: ``value(logits, T, s)`` (rows (..., L) of L visible keys) gives it per
+    row (...); with ``exact`` it is the norm itself (the check is equality, not an upper bound)."""
+
+    value: Callable[[torch.Tensor, float, float], torch.Tensor]
+    exact: bool = False
+
+
+@dataclass(frozen=True)
 class Normalizer:
-    """One normalizer (see the module docstring). ``envelope(b, L, s)`` with b = a / T returns (lower, upper)."""
+    """One normalizer (see the module docstring). ``envelope(b, L, s)`` with b = a / T returns (lower, upper);
+    ``planted(gap, L, T, s)`` a lower bound on the weight of a key whose logit exceeds every other logit of its row
+    of L keys by at least gap; ``vanishes``: None where the book states nothing."""
 
     name: str
     label: str
@@ -54,6 +71,9 @@ class Normalizer:
     params: tuple[str, ...]
     envelope: Callable[[float, int, float], tuple[float, float]] | None = None
     jacobian: Jacobian | None = None
+    vanishes: bool | None = None
+    planted: Callable[[float, int, float, float], float] | None = None
+    jacobian_norm: NormBound | None = None
 
     @property
     def sums_to_one(self) -> bool:
@@ -160,7 +180,45 @@ def _normalized_matrix(p: Parts) -> torch.Tensor:
 SELF_ADJUST_NORMALIZED = Jacobian(_normalized_parts, _normalized_jvp, _normalized_matrix)
 
 
+# --- planted keys (Prop. ch6-prop-escape) and Jacobian norms (Prop. ch6-prop-jacobians) ------------------
+
+
+def _softmax_planted(gap: float, L: int, T: float, s: float) -> float:
+    """1 / (1 + (L - 1) e^{-gap/T}): every other key has at most e^{-gap/T} times the planted key's weight (-> 0)."""
+    return 1.0 / (1.0 + (L - 1) * math.exp(-gap / T))
+
+
+def _ssmax_planted(gap: float, L: int, T: float, s: float) -> float:
+    """1 / (1 + (L - 1) L^{-s gap/T}): softmax's bound at temperature T / (s log L) (-> 1 when s gap / T > 1)."""
+    return 1.0 / (1.0 + (L - 1) * math.exp(-s * math.log(L) * gap / T))
+
+
+def _threshold_planted(width: float) -> Callable[[float, int, float, float], float]:
+    """1 if gap >= width T (every other key is outside the support: sparsemax width 1, 1.5-entmax width 2), else
+    1 / L (the largest weight of a distribution over L keys)."""
+    return lambda gap, L, T, s: 1.0 if gap >= width * T else 1.0 / L
+
+
+def _sparsemax_norm(logits: torch.Tensor, T: float, s: float) -> torch.Tensor:
+    """Exactly 1/T when the support holds at least two keys, else 0 (J_l = (diag(sigma) - sigma sigma^T / |S|) / T
+    is 1/T times an orthogonal projection)."""
+    support = (normalizers.sparsemax(logits, T=T) > 0).sum(-1)
+    return torch.full(support.shape, 1.0 / T, dtype=torch.float64, device=logits.device).masked_fill_(support < 2, 0.0)
+
+
+def _constant_norm(c: float, log_n: bool = False) -> Callable[[torch.Tensor, float, float], torch.Tensor]:
+    """c / T per row (softmax, softmax-1: c = 1/2; 1.5-entmax: c = 1), times s log(n) for scalable softmax."""
+    def value(logits: torch.Tensor, T: float, s: float) -> torch.Tensor:
+        factor = s * math.log(logits.shape[-1]) if log_n else 1.0
+        return torch.full(logits.shape[:-1], c * factor / T, dtype=torch.float64, device=logits.device)
+    return value
+
+
+HALF_OVER_T = NormBound(_constant_norm(0.5))
+
+
 # --- the records --------------------------------------------------------------------------------------
+
 
 def _ssmax_envelope(b: float, L: int, s: float) -> tuple[float, float]:
     spread = 2 * s * b * math.log(L)  # log(M_F / m_F) with F = L^{s l / T}: no decay once 2 s b >= 1
@@ -169,20 +227,24 @@ def _ssmax_envelope(b: float, L: int, s: float) -> tuple[float, float]:
 
 RECORDS: tuple[Normalizer, ...] = (
     Normalizer("softmax", "softmax", normalizers.softmax, "distribution", ("T",),
-               lambda b, L, s: (math.exp(-2 * b) / L, min(1.0, math.exp(2 * b) / L)), SOFTMAX_FAMILY),
+               lambda b, L, s: (math.exp(-2 * b) / L, min(1.0, math.exp(2 * b) / L)), SOFTMAX_FAMILY,
+               vanishes=True, planted=_softmax_planted, jacobian_norm=HALF_OVER_T),
     Normalizer("sparsemax", "sparsemax", normalizers.sparsemax, "distribution", ("T",),
-               lambda b, L, s: (0.0, 1.0), SPARSEMAX),
+               lambda b, L, s: (0.0, 1.0), SPARSEMAX,
+               vanishes=False, planted=_threshold_planted(1.0), jacobian_norm=NormBound(_sparsemax_norm, exact=True)),
     Normalizer("entmax15", "1.5-entmax", normalizers.entmax15, "distribution", ("T",),
-               lambda b, L, s: (0.0, 1.0), ENTMAX15),
-    Normalizer("ssmax", "scalable softmax", normalizers.ssmax, "distribution", ("T", "s"), _ssmax_envelope, SSMAX),
+               lambda b, L, s: (0.0, 1.0), ENTMAX15,
+               vanishes=False, planted=_threshold_planted(2.0), jacobian_norm=NormBound(_constant_norm(1.0))),
+    Normalizer("ssmax", "scalable softmax", normalizers.ssmax, "distribution", ("T", "s"), _ssmax_envelope, SSMAX,
+               vanishes=False, planted=_ssmax_planted, jacobian_norm=NormBound(_constant_norm(0.5, log_n=True))),
     Normalizer("softmax1", "softmax-1", normalizers.softmax1, "sub-distribution", ("T",),
                lambda b, L, s: (math.exp(-b) / (1 + L * math.exp(b)), math.exp(b) / (1 + L * math.exp(-b))),
-               SOFTMAX1),
+               SOFTMAX1, vanishes=True, jacobian_norm=HALF_OVER_T),
     Normalizer("self_adjust", "self-adjust softmax", normalizers.self_adjust, "signed", ("T",),
-               lambda b, L, s: (0.0, b * min(1.0, math.exp(2 * b) / L)), SELF_ADJUST),
+               lambda b, L, s: (0.0, b * min(1.0, math.exp(2 * b) / L)), SELF_ADJUST, vanishes=True),
     Normalizer("self_adjust_normalized", "self-adjust (normalized)", normalizers.self_adjust_normalized,
                "sub-distribution", ("T",), lambda b, L, s: (0.0, min(1.0, math.exp(2 * b) / L)),
-               SELF_ADJUST_NORMALIZED),
+               SELF_ADJUST_NORMALIZED, vanishes=True),
     Normalizer("general", "general Eq. (3)", normalizers.general, "distribution", ("F", "theta")),
 )
 REGISTRY: dict[str, Normalizer] = {r.name: r for r in RECORDS}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -57,14 +57,6 @@ def check_finite(name: str, tensor: torch.Tensor) -> torch.Tensor:
     """Require a tensor without NaN (infinities are allowed only where the caller masks them)."""
     if torch.isnan(tensor).any():
         raise ValueError(f"{name} contains NaN values; all entries must be finite numbers")
-    return tensor
-
-
-def check_ndim(name: str, tensor: torch.Tensor, ndim: int | tuple[int, ...]) -> torch.Tensor:
-    """Require a tensor with the given number (or one of the numbers) of dimensions."""
-    allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
-    if tensor.ndim not in allowed:
-        raise ValueError(f"{name} must have {' or '.join(map(str, allowed))} dimensions, got shape {tuple(tensor.shape)}")
     return tensor
 
 
@@ -119,3 +111,17 @@ def as_tensor(name: str, value, dtype: torch.dtype | None = None) -> torch.Tenso
     if dtype is not None:
         t = t.to(dtype)
     return t
+
+
+def call_elementwise(F: Callable, l: torch.Tensor, theta, name: str) -> torch.Tensor:
+    """Evaluate a user's F(l, theta), or F(l) when theta is None, as a tensor shaped and typed like l; it must be
+    callable and give finite values (ValueError naming ``name`` otherwise)."""
+    if not callable(F):
+        raise ValueError(f"{name} must be a callable F(l, theta) (or F(l) when theta is None), got {F!r}")
+    out = as_tensor(name, F(l) if theta is None else F(l, theta)).to(l.dtype)
+    if out.shape != l.shape:
+        out = out.expand(l.shape)
+    check_finite(name, out)
+    if torch.isinf(out).any():
+        raise ValueError(f"{name} returned infinite values; F and its derivative must be finite")
+    return out

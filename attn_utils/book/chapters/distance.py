@@ -28,6 +28,7 @@ from attn_utils.book import figures, runlog
 from attn_utils.book.formatting import fmt
 from attn_utils.book.session import VECTOR_FIELD
 from attn_utils.mathematics import algorithms, metrics, theory
+from attn_utils.mathematics.fitting import loglog_slope
 
 F64 = torch.float64
 FAMILIES = ("generic", "tied weights", "one dominant weight", "L = N + 1", "equal vectors", "antipodal (extremal)")
@@ -423,7 +424,7 @@ def figure2(weights, x, *, N: int, lengths, Ns, alpha: float, reading: str, rows
     options = dict(reading=reading, rows_per_octave=rows_per_octave, progress=False)
     with runlog.timing(TIMED[0]):
         by_length = algorithms.distance_vs_length(weights, x, N=N, lengths=lengths, **options)
-        by_n = algorithms.distance_vs_n(weights, x, Ns=Ns, L=L, **options)
+        by_n = algorithms.distance_vs_n(weights, x, Ns=Ns, **options)
     with runlog.timing(TIMED[1]):
         result = algorithms.critical_n(weights, x, lengths, critical_grid, alpha=alpha, **options)
     critical = result.summary.rename(columns={"critical_n": "critical N", "critical_fraction": "critical N / L"})
@@ -492,12 +493,6 @@ def rows_text(rows: int, L: int) -> str:
     return f"{rows} sampled query rows per head ({fmt(100 * rows / L)} % of the rows)"
 
 
-def _slope(lengths, values) -> float:
-    """Slope of log(values) against log(lengths), by least squares (NaN when fewer than two lengths)."""
-    lengths, values = np.asarray(lengths, dtype=float), np.asarray(values, dtype=float)
-    return float(np.polyfit(np.log(lengths), np.log(values), 1)[0]) if len(lengths) >= 2 else float("nan")
-
-
 def _percent(value: float, missing: str) -> str:
     return missing if math.isnan(value) else f"{fmt(100 * value)} %"
 
@@ -522,7 +517,7 @@ def figure2_facts(fig2: Figure2, *, N: int, alpha: float, reading: str) -> dict:
         "m_L_first": int(by_length.index[0]), "m_L_last": int(by_length.index[-1]),
         "m_d_first": float(by_length["distance"].iloc[0]), "m_d_last": float(by_length["distance"].iloc[-1]),
         "m_e_first": float(by_length["expectation"].iloc[0]), "m_e_last": float(by_length["expectation"].iloc[-1]),
-        **{f"m_slope_{c[0]}": _slope(by_length.index, by_length[c]) for c in QUANTITIES},
+        **{f"m_slope_{c[0]}": loglog_slope(by_length.index, by_length[c]) for c in QUANTITIES},
         "m_safe_fraction": safe, "m_safe_percent": _percent(safe, "n/a"),
         "m_conservative": float((both["bound"] / both["distance"]).median()),
         "m_has_20_100": {20, 100} <= set(by_n.index), "m_has_5_100": {5, 100} <= set(by_n.index),

@@ -27,6 +27,7 @@ import torch
 from attn_utils.book import figures
 from attn_utils.book.formatting import fmt
 from attn_utils.mathematics import theory
+from attn_utils.mathematics.fitting import loglog_fit
 from attn_utils.mathematics.normalizers import causal_mask
 
 LENGTHS = (2, 3, 5, 16, 64)                          # row lengths L of the random instances
@@ -299,10 +300,11 @@ def top_two_gaps(logits: torch.Tensor) -> torch.Tensor:
     return torch.cat(gaps).double()
 
 
-def _slope(x: Sequence[float], y: Sequence[float]) -> float:
-    """Least-squares slope of log y against log x; NaN when some y is 0 (the log-log line is undefined)."""
-    y = np.asarray(y, dtype=float)
-    return float(np.polyfit(np.log(x), np.log(np.maximum(y, 1e-300)), 1)[0]) if (y > 0).all() else float("nan")
+def _law_slope(Ts: Sequence[float], g: Sequence[float]) -> float:
+    """The log-log slope of g against T over the whole range ``Ts`` (``fitting.loglog_fit``): NaN when the fit had
+    to leave a point out (a g of exactly 0, which no power law reaches: the curve is off the law there)."""
+    fit = loglog_fit(Ts, g)
+    return fit.slope if fit.points == len(Ts) else float("nan")
 
 
 def figure4_findings(summary: pd.DataFrame, epsilons: Sequence[float], T_model: float, logit_scale: str) -> dict:
@@ -327,7 +329,7 @@ def figure4_findings(summary: pd.DataFrame, epsilons: Sequence[float], T_model: 
     low = [T for T in Ts if T <= 0.1 * (1 + 1e-9)]
     high = [T for T in Ts if T >= 10 * T_model * (1 - 1e-9)]
     hot = [T for T in Ts if T >= 1]
-    slopes = [_slope(low, [g[(T, e)] for T in low]) for e in epsilons] if len(low) >= 2 else []
+    slopes = [_law_slope(low, [g[(T, e)] for T in low]) for e in epsilons] if len(low) >= 2 else []
     eps_sorted = sorted(epsilons)
     T_lo, T_hi, T_a, T_b = nearest(0.1), nearest(10.0), nearest(1.0), nearest(100.0)
     order_hits = [all(g[(T, a)] >= g[(T, b)] for a, b in zip(eps_sorted, eps_sorted[1:])) for T in low]
@@ -336,7 +338,7 @@ def figure4_findings(summary: pd.DataFrame, epsilons: Sequence[float], T_model: 
         "low": low, "n_low": len(low), "n_eps": len(epsilons), "epsilons": list(epsilons), "slopes": slopes,
         "slope_misfit": [abs(s + 1) if not math.isnan(s) else math.inf for s in slopes],
         "T_high_min": min(high) if high else float("nan"),
-        "slopes_high": [_slope(high, [g[(T, e)] for T in high]) for e in epsilons] if len(high) >= 2 else [],
+        "slopes_high": [_law_slope(high, [g[(T, e)] for T in high]) for e in epsilons] if len(high) >= 2 else [],
         "logit_scale": logit_scale, "order_hits": order_hits, "hits": sum(order_hits), "n_hot": len(hot),
         "spread": max((max(g[(T, e)] for e in epsilons) / min(g[(T, e)] for e in epsilons) for T in hot),
                       default=float("nan")),

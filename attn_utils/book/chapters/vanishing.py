@@ -29,6 +29,7 @@ from matplotlib.ticker import NullLocator
 from attn_utils.book import figures
 from attn_utils.book.formatting import fmt
 from attn_utils.mathematics import normalizers, registry, theory
+from attn_utils.mathematics.fitting import loglog_fit, loglog_slope
 
 F64 = torch.float64
 A_GRID = (0.5, 1.0, 2.0, 4.0)   # logit bounds a of the synthetic rows of Lemma 1
@@ -401,14 +402,11 @@ def decay_curves(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     return by_t, binned
 
 
-def loglog_slope(series: pd.Series, t_min: float) -> float:
-    """Least-squares slope of log(series) against log(index) over the finite positive entries with index >= t_min
-    (NaN when fewer than two remain): -1 for a weight that decays like 1/t."""
-    values = series.to_numpy(dtype=float)
-    keep = (series.index >= t_min) & np.isfinite(values) & (values > 0)
-    if keep.sum() < 2:
-        return float("nan")
-    return float(np.polyfit(np.log(np.asarray(series.index[keep], dtype=float)), np.log(values[keep]), 1)[0])
+def fitted_slope(series: pd.Series, t_min: float) -> float:
+    """The log-log slope of series against its index over the entries with index >= t_min
+    (``fitting.loglog_slope``, with its NaN rule): -1 for a weight that decays like 1/t."""
+    keep = series.index >= t_min
+    return loglog_slope(np.asarray(series.index[keep], dtype=float), series.to_numpy(dtype=float)[keep])
 
 
 def decay_facts(rows: pd.DataFrame, binned: pd.DataFrame) -> dict:
@@ -416,8 +414,8 @@ def decay_facts(rows: pd.DataFrame, binned: pd.DataFrame) -> dict:
     median largest weight excluding token 0) and the mean weight on token 0 over the second half of the window."""
     L = int(rows.t.max())
     t_min = fit_start(L)
-    return {"m_tmin": t_min, "m_slope_nosink": loglog_slope(binned.median_nosink, t_min),
-            "m_slope_max": loglog_slope(binned.median_max, t_min), "m_slope_top5": loglog_slope(binned.mean_top5, t_min),
+    return {"m_tmin": t_min, "m_slope_nosink": fitted_slope(binned.median_nosink, t_min),
+            "m_slope_max": fitted_slope(binned.median_max, t_min), "m_slope_top5": fitted_slope(binned.mean_top5, t_min),
             "m_sink_share": float(rows[rows.t > L // 2]["weight on token 0"].mean())}
 
 
@@ -435,8 +433,7 @@ def plot_decay(by_t: pd.DataFrame, binned: pd.DataFrame, slope: float, model: st
         ax.plot(by_t.index, by_t[column], ls, color=color, lw=0.6, alpha=0.3)
         ax.plot(binned.index, binned[column], ls, color=color, lw=1.8, label=label)
     fit_x = binned.index[binned.index >= t_min].to_numpy()
-    fit_y = np.exp(np.polyval(np.polyfit(np.log(fit_x), np.log(binned.median_nosink.loc[fit_x].to_numpy()), 1),
-                              np.log(fit_x)))
+    fit_y = loglog_fit(fit_x, binned.median_nosink.loc[fit_x].to_numpy())(fit_x)
     ax.plot(fit_x, fit_y, color="grey", lw=3, alpha=0.5, label=f"fit, slope {slope:.2f}")
     ax.plot(by_t.index, 1 / by_t.index.to_numpy(), color="black", lw=1, ls="-.",
             label="$1/t$ (uniform weight, slope $-1$)")
@@ -462,7 +459,7 @@ def head_slopes(rows: pd.DataFrame) -> pd.DataFrame:
 
     def slopes(column):
         return binned.groupby(["layer", "head"]).apply(
-            lambda g: float(np.polyfit(np.log(g.t), np.log(g[column]), 1)[0]) if len(g) >= 2 else float("nan"),
+            lambda g: loglog_slope(g.t, g[column]),
             include_groups=False)
 
     return pd.DataFrame({"token 0 included": slopes("with_sink"), "token 0 excluded": slopes("without_sink")})

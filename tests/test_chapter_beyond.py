@@ -1,4 +1,4 @@
-"""Chapter ch6_beyond's machinery (attn_utils.book.chapters.remedies), Session.longer, and the chapter's ledger rules.
+"""Chapter ch6_beyond's machinery (attn_utils.book.chapters.beyond), Session.longer, and the chapter's ledger rules.
 
 The synthetic pipelines are checked against slow recomputations from the same random draws; the model pipelines
 run on gpt2-random (offline, random weights) at a small L and are checked against the model's own attention and
@@ -17,9 +17,12 @@ import pytest
 import torch
 
 from attn_utils.book import claims
-from attn_utils.book.chapters import remedies
+from attn_utils.book.chapters import beyond as ch6
+from attn_utils.book.chapters.beyond import common
+from attn_utils.book.chapters.beyond import gradient as ch6_gradient
+from attn_utils.book.chapters.beyond import logits as ch6_logits
 from attn_utils.book.session import Session
-from attn_utils.mathematics import algorithms, lenses, metrics, registry
+from attn_utils.mathematics import algorithms, beyond, metrics, registry
 from attn_utils.mathematics.normalizers import causal_mask
 
 NAMES = list(registry.COMPARED)
@@ -49,14 +52,14 @@ def test_longer_window_extends_the_same_window(session):
 
 def test_lemma1_synthetic_against_a_recomputation():
     lengths, n = [4, 64, 1024], 16
-    res = remedies.lemma1_synthetic(NAMES, lengths, n, torch.Generator().manual_seed(3))
+    res = ch6.lemma1_synthetic(NAMES, lengths, n, torch.Generator().manual_seed(3))
     assert res.envelope_violations == 0 and res.planted_violations == 0
     assert len(res.table) == len(lengths) * 2 * len(NAMES)
-    assert res.escapes == {name: not remedies.VANISH_THEORY[name] for name in NAMES}
+    assert res.escapes == {name: not registry.get(name).vanishes for name in NAMES}
     again = torch.Generator().manual_seed(3)
     for length in lengths:
-        for family in lenses.FAMILIES:
-            rows = lenses.synthetic_rows(family, n, length, remedies.A_SYN, remedies.GAP, again)
+        for family in beyond.FAMILIES:
+            rows = beyond.synthetic_rows(family, n, length, common.A_SYN, common.GAP, again)
             expected = float(torch.softmax(rows, -1).amax(-1).median())
             got = res.table.set_index(["name", "family", "L"]).loc[("softmax", family, length), "max weight"]
             assert got == pytest.approx(expected, rel=1e-12)
@@ -69,13 +72,13 @@ def test_lemma1_synthetic_against_a_recomputation():
 
 def test_geometry_synthetic_against_the_metrics():
     lengths, N, Ns, n = [16, 128], 3, [2, 6], 8
-    res = remedies.geometry_synthetic(NAMES, lengths, N, Ns, n, torch.Generator().manual_seed(4))
-    assert res.count_violations == 0 and set(res.table.name) == set(remedies.geometric(NAMES))
+    res = ch6.geometry_synthetic(NAMES, lengths, N, Ns, n, torch.Generator().manual_seed(4))
+    assert res.count_violations == 0 and set(res.table.name) == set(ch6.geometric(NAMES))
     assert set(res.table[res.table.L == 128].N) == {2, 3, 6} and set(res.table[res.table.L == 16].N) == {3}
     gen = torch.Generator().manual_seed(4)
-    x = lenses.unit_vectors((remedies.N_SETS, 128), remedies.D_SYN, gen)
-    logits = lenses.synthetic_rows("typical", remedies.N_SETS * 2, 128, remedies.A_SYN, remedies.GAP, gen)
-    logits = logits.view(remedies.N_SETS, 2, 128)
+    x = beyond.unit_vectors((common.N_SETS, 128), common.D_SYN, gen)
+    logits = beyond.synthetic_rows("typical", common.N_SETS * 2, 128, common.A_SYN, common.GAP, gen)
+    logits = logits.view(common.N_SETS, 2, 128)
     w = torch.softmax(logits[..., :16], -1)
     selected, _ = metrics.top_n_mask(w, N)
     distance = metrics.cumulative_distance(w, x[:, :16], selected)
@@ -87,7 +90,7 @@ def test_geometry_synthetic_against_the_metrics():
 
 
 def test_gradient_synthetic_bounds_and_usable_gradients():
-    res = remedies.gradient_synthetic(NAMES, [0.001, 0.1, 1.0], 12, torch.Generator().manual_seed(5))
+    res = ch6.gradient_synthetic(NAMES, [0.001, 0.1, 1.0], 12, torch.Generator().manual_seed(5))
     assert res.autograd_error < 1e-10 and res.bound_violations == 0
     norms = res.table.set_index(["name", "T"])["median norm"]
     for T in (0.1, 1.0):
@@ -98,13 +101,15 @@ def test_gradient_synthetic_bounds_and_usable_gradients():
 
 
 def test_norm_violations_are_counted():
-    rows = lenses.synthetic_rows("typical", 4, 8, 2.0, generator=torch.Generator().manual_seed(0))
+    rows = beyond.synthetic_rows("typical", 4, 8, 2.0, generator=torch.Generator().manual_seed(0))
     big = torch.full((4,), 10.0, dtype=torch.float64)
-    assert remedies._norm_violations("softmax", big, rows, 1.0) == 4
+    assert ch6_gradient._norm_violations("softmax", big, rows, 1.0) == 4
     zero = torch.zeros(4, dtype=torch.float64)
-    assert remedies._norm_violations("sparsemax", zero, rows, 0.01) == 0   # one-key supports: J = 0
-    assert remedies._norm_violations("sparsemax", zero, rows, 100.0) == 4  # full supports: ||J|| = 1/T, not 0
-    assert remedies._norm_violations("self_adjust", big, rows, 1.0) == 0
+    assert ch6_gradient._norm_violations("sparsemax", zero, rows, 0.01) == 0   # one-key supports: J = 0
+    assert ch6_gradient._norm_violations("sparsemax", zero, rows, 100.0) == 4  # full supports: ||J|| = 1/T, not 0
+    assert ch6_gradient._norm_violations("self_adjust", big, rows, 1.0) == 0
+    with pytest.raises(ValueError, match="unknown normalizer 'softmax2'"):  # not "no violations"
+        ch6_gradient._norm_violations("softmax2", big, rows, 1.0)
 
 
 # --- model pipelines on gpt2-random ----------------------------------------------------------------------------------
@@ -113,30 +118,30 @@ def test_norm_violations_are_counted():
 @pytest.fixture(scope="module")
 def model_run():
     s = Session.open(model="gpt2-random", L=L)
-    logits = remedies.capture_logits(s, [LONG], PER_OCTAVE)
-    lemma = remedies.lemma1_model(logits, NAMES)
-    geometry = remedies.geometry_model(logits, NAMES, 3, [2, 4])
-    gradient = remedies.gradient_model(logits, NAMES, [0.01, 1.0], seed=0)
+    logits = ch6.capture_logits(s, [LONG], PER_OCTAVE)
+    lemma = ch6.lemma1_model(logits, NAMES)
+    geometry = ch6.geometry_model(logits, NAMES, 3, [2, 4])
+    gradient = ch6.gradient_model(logits, NAMES, [0.01, 1.0], seed=0)
     return s, logits, lemma, geometry, gradient
 
 
 def test_a_sample_that_would_not_fit_in_memory_is_refused_before_the_forward_pass(model_run, monkeypatch):
     s, logits, *_ = model_run
     keys = sum(b.logits.shape[-2] * b.logits.shape[-1] for g in logits.blocks.values() for b in g)
-    need = remedies.LENS_MEMORY * 8 * keys * s.n_layers * logits.n_heads  # the logits this run keeps, and temporaries
+    need = ch6_logits.LENS_MEMORY * 8 * keys * s.n_layers * logits.n_heads  # the logits this run keeps, and temporaries
     arch = s.provenance.architecture
-    assert remedies.lens_memory(arch, remedies._row_sets(L, [LONG], PER_OCTAVE)[2]) == need
+    assert ch6.lens_memory(arch, ch6_logits._row_sets(L, [LONG], PER_OCTAVE)[2]) == need
     assert float(logits.prose()["m_every_row_gib"]) == pytest.approx(
-        remedies.lens_memory(arch, remedies._row_sets(L, [LONG], None)[2]) / 2**30, rel=1e-2)
+        ch6.lens_memory(arch, ch6_logits._row_sets(L, [LONG], None)[2]) / 2**30, rel=1e-2)
     forward = []
-    monkeypatch.setattr(remedies.capture, "capture", lambda *a, **k: forward.append(1))
-    monkeypatch.setattr(remedies.psutil, "virtual_memory", lambda: types.SimpleNamespace(available=need - 1))
+    monkeypatch.setattr(ch6_logits.capture, "capture", lambda *a, **k: forward.append(1))
+    monkeypatch.setattr(ch6_logits.psutil, "virtual_memory", lambda: types.SimpleNamespace(available=need - 1))
     with pytest.raises(ValueError, match=r"rows_per_octave=2 over a 64-token window needs about .* GiB of memory is available"):
-        remedies.capture_logits(s, [LONG], PER_OCTAVE)
+        ch6.capture_logits(s, [LONG], PER_OCTAVE)
     assert not forward
-    monkeypatch.setattr(remedies.psutil, "virtual_memory", lambda: types.SimpleNamespace(available=need))
+    monkeypatch.setattr(ch6_logits.psutil, "virtual_memory", lambda: types.SimpleNamespace(available=need))
     with pytest.raises(Exception):  # it fits: the (stubbed) forward pass runs
-        remedies.capture_logits(s, [LONG], PER_OCTAVE)
+        ch6.capture_logits(s, [LONG], PER_OCTAVE)
     assert forward
 
 
@@ -202,10 +207,10 @@ def test_gradient_model_and_summary(model_run):
     assert set(gradient.table.name) == set(NAMES) and set(gradient.table["T"]) == {0.01, 1.0}
     assert (gradient.table["max"] >= gradient.table["median"]).all()
     assert set(gradient.usable) == set(NAMES) and all(0 <= r <= 1 for r in gradient.usable.values())
-    syn = remedies.lemma1_synthetic(NAMES, [4, 256], 8, torch.Generator().manual_seed(0))
-    geo_syn = remedies.geometry_synthetic(NAMES, [8, 64], 3, [2, 4], 8, torch.Generator().manual_seed(0))
-    grad_syn = remedies.gradient_synthetic(NAMES, [0.01, 1.0], 8, torch.Generator().manual_seed(0))
-    table, sentences, both = remedies.summary(NAMES, syn, geo_syn, grad_syn, lemma, geometry, gradient)
+    syn = ch6.lemma1_synthetic(NAMES, [4, 256], 8, torch.Generator().manual_seed(0))
+    geo_syn = ch6.geometry_synthetic(NAMES, [8, 64], 3, [2, 4], 8, torch.Generator().manual_seed(0))
+    grad_syn = ch6.gradient_synthetic(NAMES, [0.01, 1.0], 8, torch.Generator().manual_seed(0))
+    table, sentences, both = ch6.summary(NAMES, syn, geo_syn, grad_syn, lemma, geometry, gradient)
     assert list(table.index) == [registry.get(n).label for n in NAMES]
     assert table.loc["self-adjust softmax", f"model: d~ at N={geometry.N}"] == "n/a (signed)"
     assert all(registry.get(n).label + ":" in sentences for n in NAMES) and "usable gradient" in both
@@ -213,7 +218,7 @@ def test_gradient_model_and_summary(model_run):
 
 def test_long_context_and_coverage(model_run):
     _, logits, lemma, geometry, _ = model_run
-    long = remedies.long_context(logits, geometry)
+    long = ch6.long_context(logits, geometry)
     assert list(long.curves.L) == [L, LONG] and set(long.separability.Lp) == {L, LONG}
     assert long.N_plateau == 4 and math.isfinite(long.plateau(LONG)) and math.isnan(long.plateau(999))
     assert math.isnan(long.slope_below)  # a single length up to L
@@ -221,7 +226,7 @@ def test_long_context_and_coverage(model_run):
     assert long.slope_above == pytest.approx(math.log(ratio[LONG] / ratio[L]) / math.log(2))
     prose = long.prose(lemma)
     assert "windows of 64 tokens" in prose["long_text"]
-    coverage = remedies.coverage(logits, geometry, [2, 4], 20, seed=0)
+    coverage = ch6.coverage(logits, geometry, [2, 4], 20, seed=0)
     assert list(coverage.table.N) == [2, 4] and coverage.N == 4
     row = coverage.row
     assert 0 <= row["observed coverage"] <= 1 and 0 <= row["permutation p-value"] <= 1
@@ -238,14 +243,14 @@ def test_long_context_and_coverage(model_run):
 
 def test_a_model_without_longer_windows_is_not_comparable(model_run):
     _, logits, _, geometry, _ = model_run
-    short = remedies.ModelLogits(**{**logits.__dict__, "long_lengths": [], "blocks": {"main": logits.blocks["main"]},
+    short = ch6.ModelLogits(**{**logits.__dict__, "long_lengths": [], "blocks": {"main": logits.blocks["main"]},
                                     "context": L})
-    long = remedies.long_context(short, geometry)
+    long = ch6.long_context(short, geometry)
     assert list(long.curves.L) == [L] and math.isnan(long.slope_above)
     for key, values in [("ch6-long-distance", long.distance_claim()),
                         ("ch6-long-separability", long.separability_claim())]:
         assert claims.judge(key, model="m", **values).verdict == "not comparable"
-    assert "no window longer than L = 32 fits" in long.prose(remedies.Lemma1Model(NAMES, L, pd.DataFrame(),
+    assert "no window longer than L = 32 fits" in long.prose(ch6.Lemma1Model(NAMES, L, pd.DataFrame(),
                                                                                    pd.DataFrame()))["long_text"]
 
 
@@ -256,16 +261,16 @@ def test_figures_have_two_panels_at_most_and_one_legend_below(model_run):
     matplotlib = pytest.importorskip("matplotlib")
     matplotlib.use("Agg")
     _, logits, lemma, geometry, gradient = model_run
-    syn = remedies.lemma1_synthetic(NAMES, [4, 64], 4, torch.Generator().manual_seed(0))
-    geo_syn = remedies.geometry_synthetic(NAMES, [8, 64], 3, [2, 4], 8, torch.Generator().manual_seed(0))
-    grad_syn = remedies.gradient_synthetic(NAMES, [0.01, 1.0], 8, torch.Generator().manual_seed(0))
-    long = remedies.long_context(logits, geometry)
-    coverage = remedies.coverage(logits, geometry, [2, 4], 8, seed=0)
-    drawn = [remedies.plot_lemma1_synthetic(syn, 0), remedies.plot_distance_synthetic(geo_syn, 0),
-             remedies.plot_separability_synthetic(geo_syn, 0), remedies.plot_gradient_synthetic(grad_syn, 0),
-             remedies.plot_lemma1_model(lemma, logits, "c"), remedies.plot_geometry_model(geometry, logits, "c"),
-             remedies.plot_gradient_model(gradient, logits, 0), remedies.plot_long_context(long, "c"),
-             remedies.plot_coverage(coverage, "c", 0)]
+    syn = ch6.lemma1_synthetic(NAMES, [4, 64], 4, torch.Generator().manual_seed(0))
+    geo_syn = ch6.geometry_synthetic(NAMES, [8, 64], 3, [2, 4], 8, torch.Generator().manual_seed(0))
+    grad_syn = ch6.gradient_synthetic(NAMES, [0.01, 1.0], 8, torch.Generator().manual_seed(0))
+    long = ch6.long_context(logits, geometry)
+    coverage = ch6.coverage(logits, geometry, [2, 4], 8, seed=0)
+    drawn = [ch6.plot_lemma1_synthetic(syn, 0), ch6.plot_distance_synthetic(geo_syn, 0),
+             ch6.plot_separability_synthetic(geo_syn, 0), ch6.plot_gradient_synthetic(grad_syn, 0),
+             ch6.plot_lemma1_model(lemma, logits, "c"), ch6.plot_geometry_model(geometry, logits, "c"),
+             ch6.plot_gradient_model(gradient, logits, 0), ch6.plot_long_context(long, "c"),
+             ch6.plot_coverage(coverage, "c", 0)]
     for fig in drawn:
         assert len(fig.axes) <= 2 and fig.get_figwidth() <= 7.5
         assert not any(ax.get_legend() for ax in fig.axes) and len(fig.legends) == 1   # one legend, below
@@ -274,13 +279,13 @@ def test_figures_have_two_panels_at_most_and_one_legend_below(model_run):
     normalizers = [t.get_text() for t in drawn[0].legends[0].get_texts()]
     assert normalizers[:len(NAMES)] == [registry.get(n).label for n in NAMES]
     lines = {line.get_label(): line.get_color() for line in drawn[0].axes[0].get_lines()}
-    assert all(matplotlib.colors.same_color(lines[registry.get(n).label], remedies.COLOR[n]) for n in NAMES)
+    assert all(matplotlib.colors.same_color(lines[registry.get(n).label], common.COLOR[n]) for n in NAMES)
 
 
 def test_tables_fit_the_text_column(model_run):
     _, logits, lemma, geometry, gradient = model_run
-    geo_syn = remedies.geometry_synthetic(NAMES, [8, 64], 3, [2, 4], 8, torch.Generator().manual_seed(0))
-    order = [registry.get(n).label for n in remedies.geometric(NAMES)]
+    geo_syn = ch6.geometry_synthetic(NAMES, [8, 64], 3, [2, 4], 8, torch.Generator().manual_seed(0))
+    order = [registry.get(n).label for n in ch6.geometric(NAMES)]
     for tables in (geo_syn.at_longest(), geometry.table()):
         assert len(tables) == 4
         for frame in tables.values():
@@ -291,16 +296,16 @@ def test_tables_fit_the_text_column(model_run):
     assert list(medians.columns) == ["T = 0.01", "T = 1"] and list(medians.index) == [registry.get(n).label
                                                                                       for n in NAMES]
     assert medians.loc["softmax", "T = 1"] == gradient.table.set_index(["name", "T"]).loc[("softmax", 1.0), "median"]
-    coverage = remedies.coverage(logits, geometry, [2, 4], 8, seed=0)
+    coverage = ch6.coverage(logits, geometry, [2, 4], 8, seed=0)
     shown = coverage.shown()
     assert list(shown.columns) == ["N = 2", "N = 4"] and shown.loc["observed coverage", "N = 4"] == \
         coverage.row["observed coverage"]
     assert shown.columns.name is None and shown.loc["rows", "N = 2"] == coverage.table.rows[0]
-    syn = remedies.lemma1_synthetic(NAMES, [4, 64], 4, torch.Generator().manual_seed(0))
+    syn = ch6.lemma1_synthetic(NAMES, [4, 64], 4, torch.Generator().manual_seed(0))
     assert list(syn.extremes().index) == [registry.get(n).label for n in NAMES]
-    grad_syn = remedies.gradient_synthetic(NAMES, [0.01, 1.0], 8, torch.Generator().manual_seed(0))
-    table, _, _ = remedies.summary(NAMES, syn, geo_syn, grad_syn, lemma, geometry, gradient)
-    parts = remedies.summary_tables(table)
+    grad_syn = ch6.gradient_synthetic(NAMES, [0.01, 1.0], 8, torch.Generator().manual_seed(0))
+    table, _, _ = ch6.summary(NAMES, syn, geo_syn, grad_syn, lemma, geometry, gradient)
+    parts = ch6.summary_tables(table)
     assert len(parts) == 2 and all(len(p.columns) <= 6 for p in parts.values())
     assert pd.concat(parts.values(), axis=1).equals(table)
 

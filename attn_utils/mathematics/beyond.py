@@ -1,4 +1,4 @@
-"""Beyond the paper: its lenses applied to the normalizers its Discussion proposes (chapter ``ch6_beyond``).
+"""Beyond the paper: its lenses applied to the normalizers its Discussion proposes (chapter 6, ``ch6_beyond``).
 
 The paper (arXiv 2508.17821) closes by pointing at sparsemax and 1.5-entmax, scalable softmax (SSMax) and
 self-adjust softmax (SA-softmax) as remedies, without measuring them. This module holds what the chapter
@@ -7,7 +7,7 @@ needs to measure them with the paper's own lenses, for every normalizer of :mod:
 * **Lemma 1** (vanishing weights): :func:`row_stats` (largest and smallest weight magnitude, mass and
   support of each row), :func:`lemma1_envelope` (the band every weight of a row with logits in [-a, a]
   must lie in, per normalizer) and :func:`planted_weight_bound` (what a key whose logit stands out by a
-  fixed gap is guaranteed).
+  fixed gap is guaranteed); both read the normalizer's record in :mod:`attn_utils.mathematics.registry`.
 * **Theorems 1 and 2** for weights that are not distributions: :func:`lens_distance` and
   :func:`lens_separability`. They use two exact identities (chapter ``ch6_beyond``, "homogeneity"): for a
   non-negative row with mass m > 0, d-tilde(alpha) = m * d-tilde(alpha / m) and N_s / N is the same for
@@ -20,18 +20,19 @@ needs to measure them with the paper's own lenses, for every normalizer of :mod:
 
 Layouts follow :mod:`attn_utils.mathematics.metrics`: weights and logits ``(..., R, L)``, vectors ``(..., L, d)``, a
 boolean ``mask`` broadcastable to the weights (``True`` = key visible). Public functions validate their
-input and raise ``ValueError`` naming the parameter.
+input (:meth:`~attn_utils.mathematics.rows.Rows.of`) and raise ``ValueError`` naming the parameter; the
+computations are the shared kernels of :mod:`attn_utils.mathematics.kernels`.
 """
 from __future__ import annotations
 
 import math
 from typing import NamedTuple
 
-import numpy as np
 import torch
 from scipy.stats import chi2
 
-from attn_utils.mathematics import metrics, registry
+from attn_utils.mathematics import kernels, metrics, registry
+from attn_utils.mathematics.rows import Rows, float_tensor
 from attn_utils.mathematics.validation import as_tensor, check_choice, check_int, check_positive
 
 __all__ = [
@@ -48,9 +49,7 @@ __all__ = [
     "lemma1_envelope",
     "lens_distance",
     "lens_separability",
-    "loglog_slope",
     "planted_weight_bound",
-    "resolve_long_lengths",
     "row_stats",
     "separated_keys",
     "synthetic_rows",
@@ -61,16 +60,6 @@ __all__ = [
 _NEGATIVE_ATOL = 1e-12
 # Temporaries of one chunk hold about this many float64 numbers.
 _CHUNK = 1 << 21
-
-
-# --- input handling ---------------------------------------------------------------------------------
-
-
-def _rows(name: str, value) -> torch.Tensor:
-    t = as_tensor(name, value)
-    if t.ndim < 1 or not t.is_floating_point() or t.shape[-1] == 0:
-        raise ValueError(f"{name} must be a float tensor of shape (..., L) with L >= 1, got {tuple(t.shape)}")
-    return t
 
 
 # --- Lemma 1 lens -----------------------------------------------------------------------------------
@@ -84,10 +73,8 @@ def row_stats(weights, mask=None) -> dict[str, torch.Tensor]:
     signed weights (self-adjust softmax); for non-negative weights they are the weights. Rows without a
     visible key have NaN ``max`` and ``min``. Computed in float64.
     """
-    w = _rows("weights", weights).to(torch.float64)
-    if not torch.isfinite(w).all():
-        raise ValueError("weights must be finite (found NaN or inf)")
-    visible = metrics._visible(mask, w)
+    rows = Rows.of(weights, mask=mask, sums_to_one=False, row_axis=False)
+    w, visible = rows.weights, rows.visible
     a = w.abs()
     seen = visible.any(-1)
     return {
@@ -127,26 +114,23 @@ def lemma1_envelope(name: str, a: float, L: int, T: float = 1.0, s: float = 1.0)
 
 
 def planted_weight_bound(name: str, gap: float, L: int, T: float = 1.0, s: float = 1.0) -> float:
-    """A lower bound on the weight of a key whose logit exceeds every other logit of its row by >= ``gap``.
+    """A lower bound on the weight of a key whose logit exceeds every other logit of its row by >= ``gap``
+    (chapter ch6, Prop. ch6-prop-escape), the ``planted`` field of the normalizer's record.
 
     The row has ``L`` keys. softmax: 1 / (1 + (L - 1) e^{-gap/T}) (tends to 0 as L grows); scalable softmax:
     1 / (1 + (L - 1) L^{-s gap / T}) (tends to 1 when s gap / T > 1); sparsemax: 1 if gap >= T; 1.5-entmax: 1 if
-    gap >= 2T; otherwise 1 / L (the largest weight of a distribution over L keys). Defined for these four.
+    gap >= 2T; otherwise 1 / L (the largest weight of a distribution over L keys).
     """
-    check_choice("name", name, ("softmax", "ssmax", "sparsemax", "entmax15"))
+    planted = registry.get(name).planted
+    if planted is None:
+        raise ValueError(f"normalizer {name!r} has no planted-key guarantee; normalizers with one: "
+                         f"{[r.name for r in registry.RECORDS if r.planted]}")
     gap = float(gap)
     if not math.isfinite(gap) or gap < 0:
         raise ValueError(f"gap must be a finite number >= 0, got {gap!r}")
     L = check_int("L", L, low=1)
     T, s = check_positive("T", T), check_positive("s", s)
-    if L == 1:
-        return 1.0
-    if name == "softmax":
-        return 1.0 / (1.0 + (L - 1) * math.exp(-gap / T))
-    if name == "ssmax":
-        return 1.0 / (1.0 + (L - 1) * math.exp(-s * math.log(L) * gap / T))
-    threshold = T if name == "sparsemax" else 2 * T
-    return 1.0 if gap >= threshold else 1.0 / L
+    return 1.0 if L == 1 else planted(gap, L, T, s)
 
 
 # --- Theorem 1 and 2 lenses for rows that are not distributions ---------------------------------------
@@ -158,15 +142,19 @@ def geometry_weights(weights) -> tuple[torch.Tensor, torch.Tensor]:
     ``m`` is the row sum (shape ``(..., R)``); rows with m = 0 stay zero. Float64. Raises ``ValueError`` for
     weights of either sign (self-adjust softmax): no rescaling turns them into a distribution.
     """
-    w = _rows("weights", weights).to(torch.float64)
-    if w.ndim < 2:
-        raise ValueError(f"weights must have shape (..., R, L), got {tuple(w.shape)}")
-    if not torch.isfinite(w).all():
-        raise ValueError("weights must be finite (found NaN or inf)")
+    return _split(_nonnegative(weights))
+
+
+def _nonnegative(weights) -> torch.Tensor:
+    """The weights (..., R, L) in float64 (:meth:`Rows.of`), refused when signed, negative rounding clamped to 0."""
+    w = Rows.of(weights, sums_to_one=False).weights
     if (w < -_NEGATIVE_ATOL).any():
         raise ValueError("weights must be non-negative: the distance and separability lenses are not defined "
                          f"for signed weights (found {w.min().item():.3g}); self-adjust softmax is such a case")
-    w = w.clamp(min=0)
+    return w.clamp(min=0)
+
+
+def _split(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     m = w.sum(-1)
     return w / torch.where(m > 0, m, 1.0).unsqueeze(-1), m
 
@@ -219,22 +207,22 @@ def geometry(weights, x, N, mask=None, *, sphere=None, M: float = 1.0, keys: boo
     count: ||alpha_i x_i - s|| < r with the metric's radius r; the multi-head coverage needs it).
     ``weights`` (..., R, L), ``x`` and ``sphere`` (..., L, d).
     """
-    distribution, m = geometry_weights(weights)
-    w = as_tensor("weights", weights).to(torch.float64).clamp(min=0)  # the weights as given (validated above)
+    w = _nonnegative(weights)  # the weights as given
+    distribution, m = _split(w)
     M = check_positive("M", M)
-    xs = _vectors("x", x, w)
-    sph = metrics.project_to_sphere(xs, M) if sphere is None else _vectors("sphere", sphere, w)
-    lead = torch.broadcast_shapes(w.shape[:-2], xs.shape[:-2], sph.shape[:-2])
+    rows = Rows.of(w, x, mask, sums_to_one=False)  # weights and x broadcast to their leading dims
+    sph = kernels.project(rows.x, M) if sphere is None else Rows.of(w, sphere, x_name="sphere", sums_to_one=False).x
+    if sph.shape[:-2] != rows.x.shape[:-2]:
+        raise ValueError(f"sphere of shape {tuple(sph.shape)} must have the leading dims {tuple(rows.x.shape[:-2])} "
+                         "of weights and x")
+    w, visible, lead = rows.weights, rows.visible, rows.weights.shape[:-2]
     R, L = w.shape[-2:]
-    w = w.expand(*lead, R, L)
     # contiguous once (a view of a longer window is not), so that the sums over the sets read them without copies
-    xs, sph = xs.expand(*lead, *xs.shape[-2:]).contiguous(), sph.expand(*lead, *sph.shape[-2:]).contiguous()
-    visible = metrics._visible(mask, w)
+    xs, sph = rows.x.contiguous(), sph.contiguous()
     single = not isinstance(N, (list, tuple))
-    Ns = [N] if single else list(N)
-    dist_w = metrics._weights(distribution)
-    Ns = [metrics._top_n_count(n, dist_w) for n in Ns]
-    tops = metrics._top_ns(dist_w, metrics._visible(mask, dist_w), Ns, keys=True)  # one sort for every N
+    Ns = [check_int("N", n, low=1, high=L - 1) for n in ([N] if single else list(N))]
+    dist = Rows.of(distribution, mask=mask)  # the distributions alpha / m, checked
+    tops = kernels.top_sets(dist.weights, dist.visible, Ns, keys=True)  # one sort for every N
     x2, sph2 = xs.square().sum(-1).unsqueeze(-2), sph.square().sum(-1).unsqueeze(-2)  # once for every N and block
     longest_x, longest_s = x2.amax(-1, keepdim=True).sqrt(), sph2.amax(-1, keepdim=True).sqrt()
     mass = m.expand(*lead, R).unsqueeze(-1)
@@ -243,52 +231,37 @@ def geometry(weights, x, N, mask=None, *, sphere=None, M: float = 1.0, keys: boo
         selected, top = selected.expand(*lead, R, L), top.expand(*lead, R, n)
         valid = (valid & (m > 0)).expand(*lead, R)
         picked = w.gather(-1, top)
-        s_x, s_s = metrics._weighted_sum(xs, top, picked), metrics._weighted_sum(sph, top, picked)
+        s_x, s_s = kernels.weighted_sum(xs, top, picked), kernels.weighted_sum(sph, top, picked)
         outside = ranked[..., n : n + 1].expand(*lead, R, 1) * mass  # >= every weight outside the set (valid rows)
         distance, ratio = w.new_empty(w.shape[:-1]), w.new_empty(w.shape[:-1])
         separated = torch.zeros_like(selected) if keys else None
-        for rows, k in metrics._row_blocks(visible):
-            wb, vb, out_b = w[..., rows, :k], visible[..., rows, :k], outside[..., rows, :]
-            keys_b = top[..., rows, :].clamp_max(k - 1)  # only an invalid row (NaN, no keys kept) reaches beyond k
-            distance[..., rows] = metrics._distance_sum(wb, xs[..., :k, :], vb, top=keys_b, wsq=wb * wb * x2[..., :k],
-                                                        reach=out_b * longest_x, s=s_x[..., rows, :])
-            ratio[..., rows], _, inside = metrics._separability_rows(
-                wb, sph[..., :k, :], vb, keys_b, valid[..., rows], n, s_s[..., rows, :], wb * wb * sph2[..., :k],
+        for block, k in kernels.row_blocks(visible):
+            wb, vb, out_b = w[..., block, :k], visible[..., block, :k], outside[..., block, :]
+            keys_b = top[..., block, :].clamp_max(k - 1)  # only an invalid row (NaN, no keys kept) reaches beyond k
+            distance[..., block] = kernels.distance_sum(wb, xs[..., :k, :], vb, top=keys_b, wsq=wb * wb * x2[..., :k],
+                                                         reach=out_b * longest_x, s=s_x[..., block, :])
+            ratio[..., block], _, inside = kernels.separability_rows(
+                wb, sph[..., :k, :], vb, keys_b, valid[..., block], n, s_s[..., block, :], wb * wb * sph2[..., :k],
                 out_b * longest_s)
             if keys:  # the selected keys strictly inside the ball, on valid rows
-                separated[..., rows, :k].scatter_(-1, keys_b, inside & valid[..., rows, None])
+                separated[..., block, :k].scatter_(-1, keys_b, inside & valid[..., block, None])
         out[n] = Geometry(torch.where(valid, distance, torch.nan), torch.where(valid, ratio, torch.nan), selected,
                           separated, valid)
     return out[N] if single else out
-
-
-def _vectors(name: str, x, w: torch.Tensor) -> torch.Tensor:
-    xs = as_tensor(name, x)
-    if xs.ndim < 2 or not xs.is_floating_point() or xs.shape[-2] != w.shape[-1]:
-        raise ValueError(f"{name} must be a float tensor of shape (..., L, d) with L = {w.shape[-1]}, "
-                         f"got {tuple(xs.shape)}")
-    xs = xs.to(torch.float64)
-    if xs.numel() and not torch.isfinite(torch.stack(torch.aminmax(xs))).all():  # NaN and inf reach min or max
-        raise ValueError(f"{name} must contain only finite numbers (found NaN or inf)")
-    try:
-        torch.broadcast_shapes(w.shape[:-2], xs.shape[:-2])
-    except RuntimeError:
-        raise ValueError(f"the leading dims of {name} {tuple(xs.shape[:-2])} and weights {tuple(w.shape[:-2])} "
-                         "do not broadcast") from None
-    return xs
 
 
 # --- gradients ----------------------------------------------------------------------------------------
 
 
 def _jacobian_parts(logits, name: str, mask, T: float, s: float):
-    """The record's closed-form Jacobian and its parts for these logits (float64, validated)."""
+    """The record's closed-form Jacobian, its parts for these logits (float64, validated by :meth:`Rows.of`; the
+    normalizer refuses infinite visible logits) and their visibility."""
     jac = registry.get(name).jacobian
     if jac is None:
         raise ValueError(f"normalizer {name!r} has no closed-form Jacobian; those with one: {list(registry.COMPARED)}")
-    l = _rows("logits", logits).to(torch.float64)
+    rows = Rows.of(logits, mask=mask, name="logits", sums_to_one=False, row_axis=False, finite=False)
     T, s = check_positive("T", T), check_positive("s", s)
-    return jac, jac.parts(l, metrics._visible(mask, l), T, s)
+    return jac, jac.parts(rows.weights, rows.visible, T, s), rows.visible
 
 
 def jvp(logits, v, name: str, *, mask=None, T: float = 1.0, s: float = 1.0) -> torch.Tensor:
@@ -305,13 +278,13 @@ def jvp(logits, v, name: str, *, mask=None, T: float = 1.0, s: float = 1.0) -> t
     ``v`` broadcasts to the logits; entries at masked keys do not matter. Float64, shape of the logits.
     Non-differentiable points (support changes, tied extremes) get the one-sided value autograd would give.
     """
-    jac, parts = _jacobian_parts(logits, name, mask, T, s)
-    v = _rows("v", v).to(torch.float64)
+    jac, parts, visible = _jacobian_parts(logits, name, mask, T, s)
+    v = float_tensor("v", v).to(torch.float64)
     try:
         v = v.expand(parts.a.shape)
     except RuntimeError:
         raise ValueError(f"v of shape {tuple(v.shape)} does not broadcast to logits {tuple(parts.a.shape)}") from None
-    v = torch.where(metrics._visible(mask, parts.a), v, 0.0)
+    v = torch.where(visible, v, 0.0)
     if not torch.isfinite(v).all():
         raise ValueError("v must be finite at visible keys (found NaN or inf)")
     return parts.scale * jac.jvp(parts, v)
@@ -322,7 +295,7 @@ def jacobian(logits, name: str, *, mask=None, T: float = 1.0, s: float = 1.0) ->
 
     Same formulas as :func:`jvp` (which computes J v without forming J). Rows and columns of masked keys are 0.
     """
-    jac, parts = _jacobian_parts(logits, name, mask, T, s)
+    jac, parts, _ = _jacobian_parts(logits, name, mask, T, s)
     return parts.scale.unsqueeze(-1) * jac.matrix(parts)
 
 
@@ -438,8 +411,8 @@ def _coverage_null(sel, sep, union, ok, N: int, n_perm: int, generator) -> torch
         P = min(per_draw, n_perm - p0)
         # drawn where the generator draws (the CPU: the same shuffles on every device)
         keys = torch.rand((P, *sep_sel.shape), generator=generator, dtype=torch.float64,
-                          device=metrics._draws(generator)).to(sel.device)
-        shuffled = sep_sel.unsqueeze(0).expand(P, *sep_sel.shape).gather(-1, metrics._argsort(keys))
+                          device=kernels.draw_device(generator)).to(sel.device)
+        shuffled = sep_sel.unsqueeze(0).expand(P, *sep_sel.shape).gather(-1, kernels.argsort(keys))
         shuffled = shuffled.movedim(-3, -2).reshape(P, *lead, R, H * N).to(torch.float64)
         hits = torch.zeros((P, *lead, R, width), dtype=torch.float64, device=sel.device)
         hits.scatter_add_(-1, pos.unsqueeze(0).expand(P, *pos.shape), shuffled)
@@ -478,30 +451,7 @@ def association_from_counts(n11, n10, n01, n00) -> dict[str, torch.Tensor]:
     return {"n": n, "phi": phi, "chi2": stat, "pvalue": pvalue}
 
 
-def resolve_long_lengths(long_lengths, L: int, context: int) -> list[int]:
-    """The windows longer than ``L`` that the chapter's long-context part reads.
-
-    ``None`` means 2L and 4L, keeping those within the model's ``context`` (possibly none). A list must be
-    increasing lengths in [L + 1, context]; anything else raises ``ValueError`` naming ``long_lengths`` and
-    the allowed range, before any heavy work.
-    """
-    L = check_int("L", L, low=2)
-    context = check_int("context", context, low=1)
-    if long_lengths is None:
-        return [m * L for m in (2, 4) if m * L <= context]
-    ok = (isinstance(long_lengths, (list, tuple)) and len(long_lengths) > 0
-          and all(isinstance(v, int) and not isinstance(v, bool) and L < v <= context for v in long_lengths)
-          and all(a < b for a, b in zip(long_lengths, long_lengths[1:])))
-    if not ok:
-        allowed = (f"increasing lengths in [{L + 1}, {context}] (longer than L = {L}, within the model's context "
-                   f"of {context} tokens)" if context > L else
-                   f"None: the model's context of {context} tokens leaves no length above L = {L}")
-        raise ValueError(f"parameter long_lengths must be None or {allowed}, got {long_lengths!r}")
-    return list(long_lengths)
-
-
-
-# --- synthetic instances and fitted slopes ------------------------------------------------------------------
+# --- synthetic instances ------------------------------------------------------------------------------------
 
 FAMILIES = ("typical", "planted")
 
@@ -530,15 +480,3 @@ def unit_vectors(shape, d: int, generator=None) -> torch.Tensor:
     d = check_int("d", d, low=1)
     x = torch.randn(*shape, d, generator=generator, dtype=torch.float64)
     return x / x.norm(dim=-1, keepdim=True)
-
-
-def loglog_slope(x, y) -> float:
-    """Least-squares slope of log y against log x over the points where both are finite and positive.
-
-    A power law y = c x^k gives k exactly; NaN with fewer than two such points.
-    """
-    x, y = np.asarray(x, dtype=float).ravel(), np.asarray(y, dtype=float).ravel()
-    if x.shape != y.shape:
-        raise ValueError(f"x and y must have the same number of points, got {x.size} and {y.size}")
-    keep = np.isfinite(x) & np.isfinite(y) & (x > 0) & (y > 0)
-    return float(np.polyfit(np.log(x[keep]), np.log(y[keep]), 1)[0]) if keep.sum() >= 2 else float("nan")
