@@ -72,6 +72,7 @@ benchmark: $(STAMP)
 	$(PY) benchmarks/bench_algorithms.py
 	$(PY) benchmarks/bench_capture.py
 	$(PY) benchmarks/bench_gpu.py
+	$(PY) benchmarks/bench_models.py --minilm
 
 clean:
 	rm -rf _build

@@ -53,6 +53,8 @@ def _phase(name: str, phase: str, threads: int) -> dict:
     import torch
 
     torch.set_num_threads(threads)
+    from transformers import AutoTokenizer
+
     from attn_utils.models import embedded, loading
     from attn_utils.models.capture import capture
     from attn_utils.models.corpus import load_text, model_windows
@@ -69,7 +71,7 @@ def _phase(name: str, phase: str, threads: int) -> dict:
         result["checked_bytes"] = sum((folder / n).stat().st_size for n in out[1]["files"]) if model.gguf else \
             sum(p.stat().st_size for p in embedded.source_files(model))
         (_, _, prov), result["wall_s"], result["cpu_s"] = _times(loading.load_model, name)
-        _, result["tokenizer_wall_s"], _ = _times(loading._folder_tokenizer, folder, model.gguf)
+        _, result["tokenizer_wall_s"], result["tokenizer_cpu_s"] = _times(AutoTokenizer.from_pretrained, folder)
         result["notes"] = prov.notes
     else:
         net, tokenizer, prov = loading.load_model(name)

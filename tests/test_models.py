@@ -194,7 +194,7 @@ def test_smollm2_is_the_embedded_pretrained_model():
     a = prov.architecture
     assert (a["n_layers"], a["n_heads"], a["n_kv_heads"], a["head_dim"], a["context_length"]) == (30, 9, 3, 64, 8192)
     assert a["kv_head"] == [0, 0, 0, 1, 1, 1, 2, 2, 2] and a["causal"] and a["sliding_layers"] == []
-    assert a["positions"] == "rotary (RoPE)" and not a["qk_norm"] and a["scaling"] == [0.125] * 30
+    assert a["positions"] == "rotary (RoPE, base 100,000)" and not a["qk_norm"] and a["scaling"] == [0.125] * 30
     folder = embedded.cache_folder(embedded.SMOLLM2)
     assert prov.weights_sha256 == sha256_file(folder / "model.safetensors") and prov.pretrained is True
     assert prov.source_sha256 == embedded.SMOLLM2.sha256 == sha256_file(embedded.source_files(embedded.SMOLLM2)[0])
@@ -222,6 +222,7 @@ def test_gemma3_is_the_base_model_with_its_sliding_windows_and_bos():
     assert a["global_layers"] == [5, 11, 17] and a["sliding_window"] == 512 and len(a["sliding_layers"]) == 15
     assert a["kv_head"] == [0, 0, 0, 0] and a["qk_norm"] and a["causal"] and a["scaling"] == [1 / 16] * 18
     assert model.config.attn_logit_softcapping is None and model.config.query_pre_attn_scalar == 256
+    assert a["positions"] == "rotary (RoPE; base 10,000 on sliding layers, 1,000,000 on global layers)"
     assert prov.window.describe() == "<bos> + L-1 text tokens" and prov.window.prefix == (tok.bos_token_id,) == (2,)
     assert prov.source_sha256 == embedded.GEMMA3.sha256 and len(tok) == 262_144
     assert "base (pretrained, not instruction-tuned)" in prov.to_markdown()

