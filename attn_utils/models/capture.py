@@ -202,9 +202,9 @@ def capture(model, input_ids: torch.Tensor, callback: Callable[[LayerCapture], o
     """Run ``model`` on ``input_ids`` and call ``callback(LayerCapture)`` for each requested layer, in order.
 
     Nothing is kept between callbacks, so memory holds one layer's capture at a time. The forward pass runs through
-    the base model (no vocabulary logits) and stops after the last requested layer. ``dtype`` casts the captured tensors (``None`` keeps the model's dtype and hands over
-    the model's own tensors: do not modify them in place); ``what`` picks fields from ``FIELDS``. Returns the layers
-    captured.
+    the base model (no vocabulary logits) and stops after the last requested layer. ``dtype`` casts the captured
+    tensors (``None`` keeps the model's dtype and hands over the model's own tensors: do not modify them in place);
+    ``what`` picks fields from ``FIELDS``. Returns the layers captured.
     """
     what = frozenset([what] if isinstance(what, str) else what)
     if not what <= set(FIELDS):

