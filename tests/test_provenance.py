@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from attn_utils.models.corpus import Corpus
+from attn_utils.models.corpus import Corpus, WindowFormat
 from attn_utils.models.provenance import Provenance, package_versions
 
 CORPUS = Corpus(name="War and Peace (Project Gutenberg #2600)", source="pg2600.txt", sha256="ab" * 32, text="...",
@@ -63,7 +63,38 @@ def test_markdown_table_shows_what_produced_the_result():
     gqa = _record(model="smollm2-135m", requested="auto", pretrained=True,
                   architecture={"n_layers": 30, "n_heads": 9, "n_kv_heads": 3, "head_dim": 64,
                                 "context_length": 8192}).to_markdown()
-    assert "smollm2-135m (requested: auto)" in gqa and "9 heads (3 kv)" in gqa and "not a pretrained" not in gqa
+    assert "smollm2-135m (requested: auto)" in gqa and "9 heads (3 kv: 3 query heads share each)" in gqa
+    assert "not a pretrained" not in gqa
+
+
+GEMMA = {"n_layers": 18, "n_heads": 4, "n_kv_heads": 1, "kv_head": [0, 0, 0, 0], "head_dim": 256,
+         "global_layers": [5, 11, 17], "sliding_layers": [i for i in range(18) if i not in (5, 11, 17)],
+         "sliding_window": 512, "causal": True, "positions": "rotary (RoPE)", "qk_norm": True, "scaling": [1 / 16] * 18,
+         "context_length": 32768}
+
+
+def test_what_the_model_is_and_how_it_reads_a_window_are_stated():
+    bos = WindowFormat(prefix=(2,), prefix_text=("<bos>",))
+    prov = _record(model="gemma3-270m", description="Gemma-3-270M base (pretrained, not instruction-tuned)",
+                   architecture=GEMMA, window=bos, pretrained=True, weights_sha256="ef" * 32,
+                   source_sha256="a5" * 32).add_corpus(CORPUS, L=1024, offset=10, n_windows=3)
+    assert prov.window_offsets == (10, 1033, 2056)  # each window holds 1023 text tokens after its <bos>
+    table = prov.to_markdown()
+    for text in ("| what it is | Gemma-3-270M base (pretrained, not instruction-tuned) |",
+                 "4 heads (1 kv: 4 query heads share each), head dim 256, global layers 5, 11, 17, the other 15 a "
+                 "sliding window of 512 keys, causal, QK-norm, rotary (RoPE) positions, context 32768",
+                 "| window | <bos> + L-1 text tokens = L tokens |", "sha256 efefefefefefefef..., converted from sha256 "
+                 "a5a5a5a5a5a5a5a5...", "requirements-models.txt sha256"):
+        assert text in table
+    data = json.loads(json.dumps(prov.to_dict()))
+    assert data["window"] == {"prefix": [2], "suffix": [], "prefix_text": ["<bos>"], "suffix_text": [],
+                              "rule": "<bos> + L-1 text tokens"}
+    assert data["models_lock"]["file"] == "requirements-models.txt" and data["models_lock"]["pins"] == 7
+    encoder = _record(architecture={**GEMMA, "causal": False, "sliding_layers": [], "global_layers": list(range(18))},
+                      window=WindowFormat(prefix=(101,), suffix=(102,), prefix_text=("[CLS]",),
+                                          suffix_text=("[SEP]",))).to_markdown()
+    assert "bidirectional (every row sees all L keys)" in encoder and "sliding" not in encoder
+    assert "| window | [CLS] + L-2 text tokens + [SEP] = L tokens |" in encoder
 
 
 def test_the_lock_file_is_recorded_with_its_hash_and_what_differs(tmp_path):

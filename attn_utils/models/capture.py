@@ -7,7 +7,12 @@ attention, so the forward pass is unchanged, and hands each layer to a callback 
 
 Conventions: ``logits = q @ k^T`` (raw, unscaled, computed in the model's dtype like the model does, then cast); the
 model computes ``softmax(logits * scaling + mask)``, so its temperature is ``T = 1 / scaling``. ``k`` and ``v`` are
-expanded to the query heads (grouped-query attention); ``q`` and ``k`` are taken after rotary embeddings.
+expanded to the query heads (grouped-query attention: query head h reads key/value head h // groups); ``q`` and ``k``
+are taken as the model multiplies them: after QK-norm (Gemma 3) and rotary embeddings. ``mask`` is the additive mask
+that layer applied: the causal mask, a sliding-window mask on Gemma's sliding layers (each layer its own), zeros for
+a bidirectional encoder (transformers passes it no mask at all). A causal layer that receives no mask is an error,
+never a silent bidirectional capture. The forward pass runs through the base model (``model.base_model``), so no
+logits over the vocabulary are computed (Gemma's 262k tokens: 1 GB per 1024-token pass).
 """
 from __future__ import annotations
 
@@ -28,8 +33,8 @@ FIELDS = ("q", "k", "v", "logits", "weights", "mask")
 @dataclass
 class LayerCapture:
     """One layer's attention for a batch: tensors are ``(B, H, L, d_head)`` or ``(B, H, L, L)``; ``mask`` is the
-    additive mask the model applied, ``(B, 1, L, L)`` (0 where allowed, a huge negative number elsewhere; one
-    tensor shared by the layers that share a mask). Fields not asked for are ``None``."""
+    additive mask this layer applied, ``(B, 1, L, L)`` (0 where allowed, a huge negative number elsewhere; one
+    tensor shared by the layers that share a mask, e.g. Gemma's sliding layers). Fields not asked for are ``None``."""
 
     layer: int
     scaling: float
@@ -77,7 +82,7 @@ class _Session:
     what: frozenset[str]
     calls: int = 0
     seen: list[int] = field(default_factory=list)
-    masks: tuple = (None, None)  # the last mask seen and its cast (all layers usually share one mask)
+    masks: dict = field(default_factory=dict)  # id of a mask seen -> (the mask, its cast): layers share a few masks
 
     def cast(self, tensor):
         if tensor is None or self.dtype is None or not tensor.is_floating_point():
@@ -85,9 +90,23 @@ class _Session:
         return tensor.to(self.dtype)
 
     def cast_mask(self, mask):
-        if mask is not self.masks[0]:
-            self.masks = (mask, self.cast(mask))
-        return self.masks[1]
+        if id(mask) not in self.masks:
+            self.masks[id(mask)] = (mask, self.cast(mask))
+        return self.masks[id(mask)][1]
+
+    def mask(self, module, query, key, attention_mask):
+        """The additive mask the layer applied: a causal layer must have one; a bidirectional layer without one
+        (transformers skips an all-zero mask) gets explicit zeros ``(B, 1, L, L)``."""
+        if attention_mask is None:
+            if getattr(module, "is_causal", True):
+                raise RuntimeError(f"layer {module.layer_idx} of a causal model received no attention mask: the "
+                                   f"capture would be bidirectional. The mask function registered under "
+                                   f"{CAPTURE_IMPLEMENTATION!r} is missing")
+            shape = (query.shape[0], 1, query.shape[2], key.shape[2])
+            if shape not in self.masks:
+                self.masks[shape] = (None, self.cast(query.new_zeros(shape)))
+            return self.masks[shape][1]
+        return self.cast_mask(attention_mask)
 
 
 class _Stop(Exception):
@@ -102,12 +121,15 @@ def _eager_attention(module):
     function = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
     if function is None:
         raise TypeError(f"cannot capture {type(module).__name__}: its modeling file defines no "
-                        "eager_attention_forward (GPT-2 and Llama-style models are supported)")
+                        "eager_attention_forward (GPT-2, Llama, Gemma 3 and BERT models are supported)")
     return function
 
 
 def _capturing_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """Eager attention, plus a :class:`LayerCapture` handed to the active session's callback."""
+    if kwargs.get("softcap") is not None:
+        raise TypeError(f"cannot capture {type(module).__name__}: it soft-caps its logits (softcap "
+                        f"{kwargs['softcap']}), so softmax(q.k * scaling + mask) would not give its weights")
     if getattr(module, "reorder_and_upcast_attn", False):  # GPT-2's eager path for this option
         output, weights = module._upcast_and_reordered_attn(query, key, value, attention_mask)
     else:
@@ -129,7 +151,7 @@ def _capturing_attention(module, query, key, value, attention_mask, scaling=None
             tensors["logits"] = query @ key.transpose(-1, -2)  # the model's own product, before scaling
         captured = {name: session.cast(t) for name, t in tensors.items() if name in session.what}
         if "mask" in session.what:
-            captured["mask"] = session.cast_mask(attention_mask)
+            captured["mask"] = session.mask(module, query, key, attention_mask)
         session.callback(LayerCapture(layer, scaling, **captured))
         if len(session.seen) == len(session.layers):
             raise _Stop
@@ -173,10 +195,10 @@ def capture(model, input_ids: torch.Tensor, callback: Callable[[LayerCapture], o
             what: Iterable[str] = FIELDS) -> list[int]:
     """Run ``model`` on ``input_ids`` and call ``callback(LayerCapture)`` for each requested layer, in order.
 
-    Nothing is kept between callbacks, so memory holds one layer's capture at a time. The forward pass stops after
-    the last requested layer. ``dtype`` casts the captured tensors (``None`` keeps the model's dtype and hands over
-    the model's own tensors: do not modify them in place); ``what`` picks fields from ``FIELDS``. Returns the layers
-    captured.
+    Nothing is kept between callbacks, so memory holds one layer's capture at a time. The forward pass runs through
+    the base model (no vocabulary logits) and stops after the last requested layer. ``dtype`` casts the captured
+    tensors (``None`` keeps the model's dtype and hands over the model's own tensors: do not modify them in place);
+    ``what`` picks fields from ``FIELDS``. Returns the layers captured.
     """
     what = frozenset([what] if isinstance(what, str) else what)
     if not what <= set(FIELDS):
@@ -186,7 +208,7 @@ def capture(model, input_ids: torch.Tensor, callback: Callable[[LayerCapture], o
     token = _SESSION.set(session)
     try:
         with torch.inference_mode(), capture_mode(model):
-            model(input_ids=ids, use_cache=False)
+            model.base_model(input_ids=ids, use_cache=False)
     except _Stop:
         pass
     finally:

