@@ -63,7 +63,7 @@ def test_model_scale_keeps_the_capture_dtype_and_other_fields(session):
 
 
 def test_an_unknown_logit_scale_is_refused(session):
-    with pytest.raises(ValueError, match="parameter logit_scale must be"):
+    with pytest.raises(ValueError, match="logit_scale is 'raw' or 'model', got 'scaled'"):
         session.capture(what=("logits",), logit_scale="scaled")
 
 

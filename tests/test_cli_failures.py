@@ -104,7 +104,7 @@ def test_read_only_out_folder_is_refused(tmp_path, capsys):
 def test_book_params_are_split_like_a_shell_line(monkeypatch, tmp_path, capsys):
     seen = {}
 
-    def build_book(parameters, *, out, repository=None, windows=None):
+    def build_book(parameters, *, out, repository=None, windows=None, reuse=True):
         seen.update(parameters)
         return build.BookResult(out, out.with_name("html-records"), {})
 
