@@ -11,7 +11,6 @@ import contextlib
 import copy
 import csv
 import errno
-import json
 import os
 import re
 import shutil
@@ -29,7 +28,7 @@ from nbgrader.api import Gradebook
 
 from attn_utils import cli
 from attn_utils.book import build
-from attn_utils.classroom import exercises, grading, hidden, nbgrader_support, student
+from attn_utils.classroom import exercises, grading, hidden, nbgrader_support, sandbox, student
 from test_classroom import master, solution_cells, solution_prose
 
 SMALL = {"model": "gpt2-random", "L": 64}
@@ -259,16 +258,16 @@ LONG = "edits tests " + "Ж" * 120                     # 252 bytes: its escape (
 MARK = "attn-companion-abuse-marker"  # in the command line of the daemon, and in what the attacks write
 
 
-def find_upwards(name: str) -> str:
-    return (f"def _find(name, *known):\n"
-            f"    import pathlib\n"
-            f"    here = pathlib.Path.cwd()\n"
-            f"    for p in [*(pathlib.Path(k) / name for k in known), *(f / name for f in [here, *here.parents])]:\n"
-            f"        try:\n"
-            f"            if p.is_file():\n"
-            f"                return p\n"
-            f"        except OSError:\n"
-            f"            pass\n")
+# a helper of the attacks: the first file called ``name`` among the known folders and the working folder's parents
+FIND = ("def _find(name, *known):\n"
+        "    import pathlib\n"
+        "    here = pathlib.Path.cwd()\n"
+        "    for p in [*(pathlib.Path(k) / name for k in known), *(f / name for f in [here, *here.parents])]:\n"
+        "        try:\n"
+        "            if p.is_file():\n"
+        "                return p\n"
+        "        except OSError:\n"
+        "            pass\n")
 
 
 def attacks(course: Path, out: Path, pid_file: Path) -> dict[str, dict]:
@@ -284,13 +283,15 @@ def attacks(course: Path, out: Path, pid_file: Path) -> dict[str, dict]:
                f"        w.writeheader()\n"
                f"        w.writerows(rows)\n"
                f"    con = sqlite3.connect({str(course / 'gradebook.db')!r})\n"
-               f"    con.execute(\"UPDATE grade SET manual_score = 100\")\n"
+               f"    con.execute(\"UPDATE grade SET manual_score = 100 WHERE notebook_id IN (SELECT sn.id FROM \"\n"
+               f"                \"submitted_notebook sn JOIN submitted_assignment sa ON sn.assignment_id = sa.id \"\n"
+               f"                \"WHERE sa.student_id = 'daemon')\")\n"
                f"    con.commit()\n")
     daemon = (f"import os, time\n{rewrite}\n"
               f"try:\n    open({str(pid_file)!r}, 'w').write(str(os.getpid()))\nexcept OSError:\n    pass\n"
               f"for _ in range(3000):\n    time.sleep(0.2)\n    try:\n        _rewrite()\n    except Exception:\n"
               f"        pass\n")
-    sqlite = (find_upwards("gradebook.db") +
+    sqlite = (FIND +
               f"db = _find('gradebook.db', {str(course)!r})\n"
               f"if db:\n"
               f"    import sqlite3\n"
@@ -319,7 +320,7 @@ def attacks(course: Path, out: Path, pid_file: Path) -> dict[str, dict]:
             "    stub = open(os.path.join(course, 'release', 'ch0_setting', 'ch0_setting.ipynb')).read()\n"
             "    open(victim, 'w').write(stub)\n"
             f"    open(os.path.join(os.path.dirname(out), 'feedback', {third + '.md'!r}), 'w').write({MARK!r})\n")
-    source = (find_upwards("ch0_setting.ipynb") +
+    source = (FIND +
               STUB +
               f"src = _find('ch0_setting.ipynb', {str(course / 'source' / 'ch0_setting')!r})\n"
               "if src and 'source' in str(src):\n"
@@ -327,7 +328,7 @@ def attacks(course: Path, out: Path, pid_file: Path) -> dict[str, dict]:
               "    cells = json.load(open(src))['cells']\n"
               "    exec(''.join(next(c['source'] for c in cells\n"
               "                      if c['metadata'].get('nbgrader', {}).get('grade_id') == 'ch0-ex2-solution')))\n"
-              "    print(''.join(c['source'] for c in cells if 'HIDDEN TESTS' in ''.join(c['source'])))\n")
+              "    print(''.join(''.join(c['source']) for c in cells if 'HIDDEN TESTS' in ''.join(c['source'])))\n")
     frames = ("def causal_softmax(logits, T=1.0):\n"
               "    import sys\n"
               "    frame = sys._getframe(1)\n"
@@ -384,12 +385,11 @@ def marked_processes() -> list[psutil.Process]:
     return found
 
 
-@pytest.fixture(scope="module")
-def graded_class(tmp_path_factory, small_course):
-    """A class of honest and dishonest submissions, the seven attacks of issue 23 among them, graded in one
-    ``attn-companion grade`` process; what was on disk before and after."""
-    tmp = tmp_path_factory.mktemp("class")
-    subs, out, pid_file = tmp / "submissions", tmp / "out" / "grades.csv", tmp / "daemon.pid"
+def write_class(course: Path, folder: Path) -> SimpleNamespace:
+    """A class of honest and dishonest submissions, the seven attacks of issue 23 among them, in ``folder``: the
+    cases (with what each deserves), the files to grade (a stray file and two that are no notebooks among them),
+    the grades CSV to write, and the file the daemon would write."""
+    subs, out, pid_file = folder / "submissions", folder / "out" / "grades.csv", folder / "daemon.pid"
     stubborn = (f"import subprocess, sys, time\n"
                 f"child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', {MARK!r}])\n"
                 "while True:\n    try:\n        time.sleep(1)\n    except KeyboardInterrupt:\n        pass")
@@ -412,23 +412,41 @@ def graded_class(tmp_path_factory, small_course):
         "patches": {"answer": patched, "deserves": earned(WRONG)},
         "fakes": {"answer": fake, "deserves": 0},
     }
-    cases = {**honest, **attacks(small_course, out, pid_file)}
-    files = [submission(subs, name, small_course, **{k: v for k, v in case.items() if k != "deserves"})
+    cases = {**honest, **attacks(course, out, pid_file)}
+    files = [submission(subs, name, course, **{k: v for k, v in case.items() if k != "deserves"})
              for name, case in cases.items()]
     (subs / CYRILLIC / "notes.txt").write_text("my notes")  # a stray file beside a submission
     (subs / "not json.ipynb").write_text("{ this is not JSON")
     (subs / "empty.ipynb").write_text("")
     files += [subs / CYRILLIC / "notes.txt", subs / "not json.ipynb", subs / "empty.ipynb"]
+    return SimpleNamespace(cases=cases, files=files, subs=subs, out=out, pid_file=pid_file)
+
+
+@pytest.fixture(scope="module")
+def jail() -> sandbox.Jail:
+    """The sandbox this machine allows (the tests that run kernels need it; without it they are skipped)."""
+    try:
+        return sandbox.probe()
+    except sandbox.SandboxUnavailable as exc:
+        pytest.skip(f"no sandbox can be made here: {exc}")
+
+
+@pytest.fixture(scope="module")
+def graded_class(tmp_path_factory, small_course, jail):
+    """The class of :func:`write_class` graded in one ``attn-companion grade`` process (its command line is what
+    the attack "proc" reads); what was on disk before and after."""
+    tmp = tmp_path_factory.mktemp("class")
+    c = write_class(small_course, tmp)
     course_before = snapshot(small_course, skip=("gradebook.db", "submitted", "autograded", "feedback"))
     gradebook_before = gradebook_rows(small_course)
-    subs_before = snapshot(subs)
-    argv = ["grade", "--course", str(small_course), *map(str, files), "--out", str(out)]
+    subs_before = snapshot(c.subs)
+    argv = ["grade", "--course", str(small_course), *map(str, c.files), "--out", str(c.out)]
     done = subprocess.run([sys.executable, "-m", "attn_utils.cli", *argv], cwd=tmp, capture_output=True, text=True,
                           timeout=900)
     left = marked_processes()  # the daemon of "daemon", if it outlived the grader
-    yield SimpleNamespace(course=small_course, subs=subs, out=out, files=files, argv=argv, done=done, cases=cases,
-                          left=[p.pid for p in left], pid_file=pid_file, table=read_rows(out) if out.is_file() else {},
-                          course_before=course_before, gradebook_before=gradebook_before, subs_before=subs_before)
+    yield SimpleNamespace(**vars(c), course=small_course, argv=argv, done=done, left=[p.pid for p in left],
+                          table=read_rows(c.out) if c.out.is_file() else {}, course_before=course_before,
+                          gradebook_before=gradebook_before, subs_before=subs_before)
     for p in left:
         with contextlib.suppress(psutil.Error):
             p.kill()
@@ -563,15 +581,15 @@ def test_an_interrupted_batch_keeps_what_finished(tmp_path, small_course, monkey
 
     monkeypatch.setattr(grading, "_grade_one", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        grading.grade(small_course, files, out)
+        grading.grade(small_course, files, out, sandboxed=False)  # no kernel runs: the bookkeeping is tested
     assert list(read_rows(out)) == ["a"] and (tmp_path / "feedback" / "a.md").is_file()
     monkeypatch.setattr(grading, "_grade_one", real)
-    rows = grading.grade(small_course, files, out)
+    rows = grading.grade(small_course, files, out, sandboxed=False)
     assert [r.student for r in rows] == ["a", "b", "c"] and list(read_rows(out)) == ["a", "b", "c"]
     files[0].write_text("changed, still not a notebook")  # a changed file is graded again, in its old row
     calls.clear()
     monkeypatch.setattr(grading, "_grade_one", interrupted)
-    grading.grade(small_course, files[:1], out)
+    grading.grade(small_course, files[:1], out, sandboxed=False)
     assert calls == ["a"] and list(read_rows(out)) == ["a", "b", "c"]
 
 
@@ -587,11 +605,11 @@ def test_course_route_grades_what_nbgrader_collected(tmp_path, small_course):
     course = tmp_path / "course"
     shutil.copytree(small_course, course, ignore=shutil.ignore_patterns("submitted", "autograded", "feedback"))
     with pytest.raises(ValueError, match="nothing in submitted"):
-        grading.grade(course, None, tmp_path / "g.csv")
+        grading.grade(course, None, tmp_path / "g.csv", sandboxed=False)
     folder = course / "submitted" / "bob" / "ch0_setting"
     folder.mkdir(parents=True)
     (folder / "ch0_setting.ipynb").write_text("{")  # nothing runs: the file is not a notebook
-    (row,) = grading.grade(course, None, tmp_path / "g.csv")
+    (row,) = grading.grade(course, None, tmp_path / "g.csv", sandboxed=False)
     assert (row.student, row.student_id, row.status) == ("bob", "bob", "rejected")
 
 
@@ -628,7 +646,7 @@ def test_a_full_disk_during_grade_is_one_line(tmp_path, small_course, capsys, mo
         raise OSError(errno.ENOSPC, "No space left on device", str(out_csv))
 
     monkeypatch.setattr(grading, "_write_rows", full)
-    assert cli.main(["grade", "--course", str(small_course), str(tmp_path / "a.ipynb"),
+    assert cli.main(["grade", "--course", str(small_course), str(tmp_path / "a.ipynb"), "--no-sandbox",
                      "--out", str(tmp_path / "g.csv")]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no space left on the device" in err and "Traceback" not in err, err
@@ -646,7 +664,7 @@ def kernel_of(pid: int) -> list[psutil.Process]:
 
 
 @pytest.mark.slow
-def test_ctrl_c_of_grade_ends_with_130_and_one_line_with_the_cores_busy(tmp_path, small_course):
+def test_ctrl_c_of_grade_ends_with_130_and_one_line_with_the_cores_busy(tmp_path, small_course, jail):
     """SIGINT (Ctrl-C: the terminal's process group) to `grade` while a kernel runs a loop, both cores busy."""
     sub = submission(tmp_path / "subs", "loops", small_course,
                      after={"ch0-ex2-solution": f"import time\nwhile True:\n    time.sleep(0.01)  # {MARK}"})
@@ -664,8 +682,8 @@ def test_ctrl_c_of_grade_ends_with_130_and_one_line_with_the_cores_busy(tmp_path
         os.killpg(grader.pid, signal.SIGINT)
         _, err = grader.communicate(timeout=120)
     finally:
-        for b in burners:
-            b.kill()
+        for p in [*burners, grader]:
+            p.kill()
     assert grader.returncode == 130, err
     assert err.strip().splitlines() == ["attn-companion grade: interrupted"], err
     assert marked_processes() == []

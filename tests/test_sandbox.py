@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -55,7 +54,10 @@ def marked() -> list[psutil.Process]:
 
 @pytest.fixture(scope="module")
 def jail() -> sandbox.Jail:
-    return sandbox.probe()
+    try:
+        return sandbox.probe()
+    except sandbox.SandboxUnavailable as exc:
+        pytest.skip(f"no sandbox can be made here: {exc}")
 
 
 def test_the_probe_finds_what_this_machine_allows(jail):
@@ -129,7 +131,7 @@ def test_memory_and_processes_are_limited(jail):
             "try:\n    for _ in range(2000):\n        if os.fork() == 0:\n            time.sleep(30)\n            os._exit(0)\n"
             "        children += 1\nexcept OSError:\n    pass\n"
             "open('limits.txt', 'w').write(f'{memory} {children}')\n"
-            "os.killpg(0, 9)\n")
+            "os.killpg(0, 9)\n")  # its session only: this test survives it
     with sandbox.Sandbox(jail, []) as box:
         run(box, code)
         memory, children = (box.work / "limits.txt").read_text().split()

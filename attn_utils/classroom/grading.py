@@ -324,6 +324,8 @@ def _grade_one(course: Path, api, s: Submission, out_dir: Path) -> tuple[Row, li
     row.max_score = sum(c.max_score for c in cells if not c.manual)
     row.manual_points = sum(c.max_score for c in cells if c.manual)
     if not result["success"]:
+        if "[Errno 28]" in result.get("error", "") + result.get("log", ""):  # ENOSPC: the next ones would fail too
+            raise OSError(errno.ENOSPC, "No space left on device", str(course))
         row.status, row.feedback = "failed", f"nbgrader could not grade it: {_failure(result)}"
         return row, cells
     row.status = "graded"

@@ -130,7 +130,20 @@ class GuardedExecute(Execute):
         self._answers: dict[int, Any] = {}
         with self._kernel_folder(nb) as folder:
             self._folder = folder
-            return super().preprocess(nb, resources, km)
+            try:
+                return super().preprocess(nb, resources, km)
+            except BaseException:  # Ctrl-C while the kernel started: nbclient cleans up only a kernel that is up
+                self._abandon()
+                raise
+
+    def _abandon(self) -> None:
+        """Stop the kernel's client and kill the kernel with what it started, where nbclient left them."""
+        if getattr(self, "kc", None) is not None:
+            with contextlib.suppress(Exception):
+                self.kc.stop_channels()
+            self.kc = None
+        if self.km is not None:
+            _kill(_family(self._kernel_process()))
 
     @contextlib.contextmanager
     def _kernel_folder(self, nb: NotebookNode) -> Iterator[Path]:

@@ -14,16 +14,18 @@ which, before it runs the kernel,
    and the package, the model caches, with the course, the submissions, the output folder and the
    grader's own files masked should one lie inside them, a private ``/tmp``, ``/dev`` with five
    devices, a ``/proc`` of the namespace, and the submission's folder as the only writable place;
-   then ``pivot_root`` and the old root detached;
+   then ``pivot_root`` and the old root detached; the init is in a session of its own, so that no
+   signal to a process group reaches outside;
 4. starts the kernel in that folder with resource limits (address space, processes, file size, no
-   core files), ``no_new_privs``, a clean environment, and, as root, the dedicated unprivileged uid
-   and gid (no capability is left; without root the kernel runs as the grader's uid without any
-   capability in its namespace).
+   core files), ``no_new_privs``, a clean environment, its output to a log in its folder, and, as root,
+   the dedicated unprivileged uid and gid (no capability is left; without root the kernel runs as the
+   grader's uid without any capability in its namespace).
 
 The kernel talks to the grader over Unix sockets in its folder (jupyter's ``ipc`` transport): it has no
-network at all. When the kernel ends, the init ends, and the kernel of the system kills every process
-left in the PID namespace (daemons and double forks included); the init also ends when the launcher
-dies (``PR_SET_PDEATHSIG``), and the launcher when the grader dies.
+network at all. The launcher passes jupyter's interrupt (SIGINT) through the init to the kernel. When
+the kernel ends, the init ends, and the system kills every process left in the PID namespace (daemons
+and double forks included); the init also ends when the launcher dies (``PR_SET_PDEATHSIG``), and the
+launcher ends it when the grader dies or sends SIGTERM.
 """
 from __future__ import annotations
 
@@ -198,9 +200,12 @@ def _start_kernel(spec: dict, command: list[str]) -> int:
 
 
 def _init(spec: dict, command: list[str]) -> None:
-    """PID 1 of the sandbox: start the kernel, reap every orphan, end when the kernel ends (which kills the rest)."""
+    """PID 1 of the sandbox, in a session of its own (no signal from inside reaches a process outside): start the
+    kernel, pass it the launcher's interrupts, reap every orphan, end when the kernel ends (which kills the rest)."""
     _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is for the kernel (it shares the process group)
+    os.setsid()
+    kernel = 0
+    signal.signal(signal.SIGINT, lambda *_: kernel and os.kill(kernel, signal.SIGINT))
     _build_root(spec)
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     kernel = _start_kernel(spec, command)
@@ -233,19 +238,21 @@ def launch(spec_path: str, command: list[str]) -> int:
     _check(_libc.unshare(flags | (CLONE_NEWUSER if spec["mode"] == "user" else 0)), "unshare")
     if spec["mode"] == "user":
         _map_user(uid, gid)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel gets the interrupt itself
-    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD, signal.SIGTERM])
+    waited = [signal.SIGCHLD, signal.SIGTERM, signal.SIGINT]
+    signal.pthread_sigmask(signal.SIG_BLOCK, waited)
     init = os.fork()
     if init == 0:
         try:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD, signal.SIGTERM])
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, waited)
             _init(spec, command)
         except BaseException as exc:
             os.write(2, f"attn-companion sandbox: {exc}\n".encode())
         os._exit(126)
-    while True:  # until the init ends; a SIGTERM, or the grader gone, ends it
-        got = signal.sigtimedwait([signal.SIGCHLD, signal.SIGTERM], 1.0)
-        if got is not None and got.si_signo == signal.SIGTERM or os.getppid() != parent:
+    while True:  # until the init ends: an interrupt goes to the kernel; a SIGTERM, or the grader gone, ends it
+        got = signal.sigtimedwait(waited, 1.0)
+        if got is not None and got.si_signo == signal.SIGINT:
+            os.kill(init, signal.SIGINT)
+        elif got is not None and got.si_signo == signal.SIGTERM or os.getppid() != parent:
             os.kill(init, signal.SIGKILL)
         pid, status = os.waitpid(init, os.WNOHANG)
         if pid:
@@ -350,26 +357,28 @@ def _system_binds() -> tuple[list[str], dict[str, str]]:
     return binds, links
 
 
-def _python_binds() -> list[str]:
-    """The Python installation, the environment, the package and the model caches (the kernel imports and reads
-    them), outside the system folders."""
-    import attn_utils
+def _caches() -> tuple[Path, Path]:
+    """The companion's model cache and the Hugging Face hub's cache (not the rest of ``HF_HOME``, which may hold a
+    token): read-only in the sandbox."""
+    from huggingface_hub import constants
+
     from attn_utils.models import loading
 
+    return loading.models_dir(), Path(constants.HF_HUB_CACHE)
+
+
+def _python_binds() -> list[str]:
+    """The Python installation, the environment, the package and the caches (the kernel imports and reads them),
+    outside ``/usr``, each once."""
+    import attn_utils
+
     paths = {Path(sys.base_prefix), Path(sys.prefix), Path(sys.exec_prefix), Path(attn_utils.__file__).parent,
-             Path(sys.executable).resolve().parent, loading.models_dir(), *_hub_cache()}
+             Path(sys.executable).resolve().parent, *_caches()}
     chosen: list[Path] = []
     for p in sorted(q.resolve() for q in paths if q.exists()):
         if not any(p.is_relative_to(c) for c in chosen) and not p.is_relative_to("/usr"):
             chosen.append(p)
     return [str(p) for p in chosen]
-
-
-def _hub_cache() -> list[Path]:
-    """The Hugging Face hub's cache (read-only in the sandbox); not the rest of ``HF_HOME``, which may hold a token."""
-    from huggingface_hub import constants
-
-    return [Path(constants.HF_HUB_CACHE)]
 
 
 class Sandbox:
@@ -387,14 +396,13 @@ class Sandbox:
         self.cgroups = self._make_cgroups() if jail.cgroups else []
         binds, links = _system_binds()
         binds += _python_binds()
-        masks = sorted({str(p) for p in [*hidden, self.base] if any(Path(p).is_relative_to(b) for b in binds)})
+        masks = sorted({str(q) for q in (Path(p).resolve() for p in [*hidden, self.base])
+                        if any(q.is_relative_to(b) for b in binds)})
+        models, hub = _caches()
         env = {k: os.environ[k] for k in ENV_KEEP if k in os.environ}
-        from attn_utils.models import loading
-
         env.update(PATH=os.pathsep.join([os.path.dirname(os.path.abspath(sys.executable)), "/usr/bin", "/bin"]),
-                   HOME=str(self.work),
-                   TMPDIR="/tmp", MPLCONFIGDIR=str(self.work / ".matplotlib"), HF_HUB_OFFLINE="1",
-                   ATTN_COMPANION_MODELS=str(loading.models_dir()), HF_HUB_CACHE=str(_hub_cache()[0]),
+                   HOME=str(self.work), TMPDIR="/tmp", MPLCONFIGDIR=str(self.work / ".matplotlib"),
+                   HF_HUB_OFFLINE="1", ATTN_COMPANION_MODELS=str(models), HF_HUB_CACHE=str(hub),
                    HF_HOME=str(self.work / ".huggingface"), ATTN_COMPANION_RUN_DIR=str(self.work / "runs"))
         self.env = env  # the kernel's environment (the grader adds to it before the kernel starts)
         self.spec = self.base / "spec.json"
@@ -433,7 +441,14 @@ class Sandbox:
         self.close()
 
     def close(self) -> None:
-        """Kill what is left in the cgroups (nothing, once the launcher has ended), remove them and the folder."""
+        """Kill a launcher still running (one the grader was interrupted before it could stop) and what is left in
+        the cgroups, remove them and the folder."""
+        import psutil
+
+        for p in psutil.process_iter(["cmdline"]):
+            if str(self.spec) in (p.info["cmdline"] or []):
+                with contextlib.suppress(psutil.Error):
+                    p.kill()  # its init, and with it the whole sandbox, dies with it
         for folder in self.cgroups:
             for attempt in range(200):
                 with contextlib.suppress(FileNotFoundError, ProcessLookupError, ValueError):
