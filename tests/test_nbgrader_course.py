@@ -664,21 +664,26 @@ def kernel_of(pid: int) -> list[psutil.Process]:
 
 
 @pytest.mark.slow
-def test_ctrl_c_of_grade_ends_with_130_and_one_line_with_the_cores_busy(tmp_path, small_course, jail):
-    """SIGINT (Ctrl-C: the terminal's process group) to `grade` while a kernel runs a loop, both cores busy."""
-    sub = submission(tmp_path / "subs", "loops", small_course,
-                     after={"ch0-ex2-solution": f"import time\nwhile True:\n    time.sleep(0.01)  # {MARK}"})
+@pytest.mark.parametrize("moment", ["kernel starting", "cell running"])
+def test_ctrl_c_of_grade_ends_with_130_and_one_line_with_the_cores_busy(tmp_path, small_course, jail, moment):
+    """SIGINT (Ctrl-C: the terminal's process group) to `grade` while its kernel starts, or while a cell loops with a
+    process of its own running, both cores busy: exit 130, one line, no process of the submission left."""
+    loop = (f"import subprocess, sys, time\n"
+            f"child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', {MARK!r}])\n"
+            "while True:\n    time.sleep(0.01)")
+    sub = submission(tmp_path / "subs", "loops", small_course, after={"ch0-ex2-solution": loop})
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    grader = subprocess.Popen([sys.executable, "-m", "attn_utils.cli", "grade", "--course", str(small_course), str(sub),
+                               "--out", str(tmp_path / "g.csv"), "--time-limit", "600"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        grader = subprocess.Popen([sys.executable, "-m", "attn_utils.cli", "grade", "--course", str(small_course),
-                                   str(sub), "--out", str(tmp_path / "g.csv"), "--time-limit", "600"],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-        for line in grader.stdout:  # until its kernel runs
+        for line in grader.stdout:
             if "grading" in line:
                 break
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not kernel_of(grader.pid):
-            time.sleep(0.1)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not (kernel_of(grader.pid) if moment == "kernel starting"
+                                                   else marked_processes()):
+            time.sleep(0.05)
         os.killpg(grader.pid, signal.SIGINT)
         _, err = grader.communicate(timeout=120)
     finally:

@@ -445,10 +445,11 @@ class Sandbox:
         the cgroups, remove them and the folder."""
         import psutil
 
-        for p in psutil.process_iter(["cmdline"]):
-            if str(self.spec) in (p.info["cmdline"] or []):
-                with contextlib.suppress(psutil.Error):
-                    p.kill()  # its init, and with it the whole sandbox, dies with it
+        left = [p for p in psutil.process_iter(["cmdline"]) if str(self.spec) in (p.info["cmdline"] or [])]
+        for p in left:  # the launcher and its fork, the init: when the init is gone, every process of the sandbox is
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        psutil.wait_procs(left, timeout=30)
         for folder in self.cgroups:
             for attempt in range(200):
                 with contextlib.suppress(FileNotFoundError, ProcessLookupError, ValueError):
