@@ -28,7 +28,7 @@ from nbgrader.api import Gradebook
 
 from attn_utils import cli
 from attn_utils.book import build
-from attn_utils.classroom import exercises, grading, hidden, nbgrader_support, sandbox, student
+from attn_utils.classroom import exercises, grading, hidden, nbgrader_support, student
 from test_classroom import master, solution_cells, solution_prose
 
 SMALL = {"model": "gpt2-random", "L": 64}
@@ -420,15 +420,6 @@ def write_class(course: Path, folder: Path) -> SimpleNamespace:
     (subs / "empty.ipynb").write_text("")
     files += [subs / CYRILLIC / "notes.txt", subs / "not json.ipynb", subs / "empty.ipynb"]
     return SimpleNamespace(cases=cases, files=files, subs=subs, out=out, pid_file=pid_file)
-
-
-@pytest.fixture(scope="module")
-def jail() -> sandbox.Jail:
-    """The sandbox this machine allows (the tests that run kernels need it; without it they are skipped)."""
-    try:
-        return sandbox.probe()
-    except sandbox.SandboxUnavailable as exc:
-        pytest.skip(f"no sandbox can be made here: {exc}")
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import psutil
-import pytest
 
 from attn_utils.classroom import sandbox
 
@@ -50,14 +49,6 @@ def run(box: sandbox.Sandbox, code: str, *args: str, timeout: float = 120) -> su
 
 def marked() -> list[psutil.Process]:
     return [p for p in psutil.process_iter(["cmdline"]) if MARK in " ".join(p.info["cmdline"] or [])]
-
-
-@pytest.fixture(scope="module")
-def jail() -> sandbox.Jail:
-    try:
-        return sandbox.probe()
-    except sandbox.SandboxUnavailable as exc:
-        pytest.skip(f"no sandbox can be made here: {exc}")
 
 
 def test_the_probe_finds_what_this_machine_allows(jail):
