@@ -129,6 +129,14 @@ class Submission:
     ignored: list[str] = field(default_factory=list)  # cells whose nbgrader metadata the grading ignores
 
 
+def _name_in_course(sid: str, course: Path) -> str:
+    """The name of the student whose nbgrader id is ``sid`` (an id of the course's own, if it is not one of ours)."""
+    try:
+        return student_name(sid, course)
+    except ValueError:
+        return sid
+
+
 def _name_of(path: Path, chapters: list[str]) -> str:
     """The folder name for ``alice/ch1_vanishing.ipynb`` (a copy handed back as is), else the file stem."""
     return path.parent.name if path.stem in chapters and path.parent.name else path.stem
@@ -186,7 +194,7 @@ def _plan(course: Path, submissions: list[Path] | None) -> tuple[list[Submission
         if not found:
             raise ValueError(f"course {course}: nothing in submitted/<student>/<chapter>/ (run nbgrader collect, or "
                              f"name the submission files)")
-        plan = [Submission(p, student_name(p.parent.parent.name, course), p.parent.parent.name, _sha256(p))
+        plan = [Submission(p, _name_in_course(p.parent.parent.name, course), p.parent.parent.name, _sha256(p))
                 for p in found]
         strays: list[Path] = []
     else:

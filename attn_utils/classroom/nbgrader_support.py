@@ -9,8 +9,8 @@
   unless ``GuardedExecute.sandbox`` is off;
 - decides the hidden tests itself (:mod:`attn_utils.classroom.hidden`): it draws their inputs, gives
   them to the kernel in a file of its folder, takes what the test cells return out of their outputs,
-  and appends an error to every test cell whose answers are wrong or missing, so that nbgrader scores
-  it zero; the kernel cannot change a verdict;
+  and appends an error to every test cell that has not failed already and whose answers are wrong or
+  missing, so that nbgrader scores it zero; the kernel cannot change a verdict;
 
 - a kernel that dies (``os._exit``, a crash, out of memory) no longer makes nbgrader drop the whole
   submission: the cell where it died and every later cell get an error output, so they score zero,
