@@ -11,7 +11,8 @@
     attn-companion params [NOTEBOOK]                        list the parameters and what they accept
     attn-companion student --out COURSE [NOTEBOOK ...] [-p NAME VALUE ...] [--time-limit S] [--exercises-only]
                                                             an nbgrader course of the exercises
-    attn-companion grade --course COURSE [SUBMISSION ...] [--out grades.csv] [--time-limit S]   grade with nbgrader
+    attn-companion grade --course COURSE [SUBMISSION ...] [--out grades.csv] [--time-limit S] [--no-sandbox]
+                                                            grade with nbgrader, each kernel in a sandbox
     attn-companion corpus [--refresh]                       check the shipped War and Peace (or download it again)
 
 Before any notebook runs, every command that runs or writes notebooks checks each notebook's parameters with its
@@ -33,7 +34,7 @@ from pathlib import Path
 from attn_utils.book import build, sweep, windows
 
 from attn_utils.book.params import describe
-from attn_utils.classroom import exercises, grading, student
+from attn_utils.classroom import exercises, grading, nbgrader_support, student
 
 
 def _parameters(pairs: list[list[str]] | None, *, multi: bool = False) -> dict:
@@ -209,6 +210,9 @@ def parser() -> argparse.ArgumentParser:
     p_grade.add_argument("--out", type=Path, default=Path("grades.csv"), help="grades CSV (default grades.csv)")
     p_grade.add_argument("--time-limit", type=float, default=None,
                          help="seconds one cell may run (default: the course's, from nbgrader_config.py)")
+    p_grade.add_argument("--no-sandbox", dest="sandboxed", action="store_false",
+                         help="run the kernels without the sandbox, with your permissions (where the machine allows "
+                              "no sandbox: grade in a throw-away container then)")
     p_corpus = sub.add_parser("corpus", help="check the shipped War and Peace against its pinned sha256")
     p_corpus.add_argument("--refresh", action="store_true",
                           help="download pg2600.txt from Project Gutenberg and rewrite the shipped copy if its "
@@ -246,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
                                 reuse=args.reuse)
             print(f"windows: {path} (and windows.csv); build the book with it: attn-companion book --windows {path}")
         elif args.command == "student":
+            nbgrader_support.check_time_limit(args.time_limit)
             if not args.exercises_only:  # notebooks of exercises only run no chapter code
                 _preflight_exercises(args.notebooks, _parameters(args.parameter))
             released = student.write_course(args.out, args.notebooks, _parameters(args.parameter),
@@ -255,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "corpus":
             print(_corpus(args.refresh))
         elif args.command == "grade":
-            grading.grade(args.course, args.submissions or None, args.out, time_limit=args.time_limit)
+            grading.grade(args.course, args.submissions or None, args.out, time_limit=args.time_limit,
+                          sandboxed=args.sandboxed)
         else:
             _print_params(args.notebook)
     except (ValueError, build.NotebookFailed, RuntimeError) as exc:

@@ -59,6 +59,18 @@ class ModuleScheduling(LoadScopeScheduling):
         return nodeid if nodeid.startswith(SPREAD) else nodeid.split("::", 1)[0]
 
 
+@pytest.fixture(scope="session")
+def jail():
+    """The sandbox of the classroom's kernels that this machine allows (attn_utils.classroom.sandbox); the tests that
+    need it are skipped, saying why, where none can be made."""
+    from attn_utils.classroom import sandbox
+
+    try:
+        return sandbox.probe()
+    except sandbox.SandboxUnavailable as exc:
+        pytest.skip(f"no sandbox can be made here: {exc}")
+
+
 def pytest_xdist_make_scheduler(config, log):
     return ModuleScheduling(config, log)
 

@@ -4,10 +4,10 @@ The nbgrader course and its grading are tested in tests/test_nbgrader_course.py.
 from __future__ import annotations
 
 import ast
-import builtins
+import json
 import math
+import os
 import re
-import types
 
 import jupytext
 import nbformat
@@ -239,20 +239,21 @@ def test_check_takes_one_part():
 # --- the hidden tests ------------------------------------------------------------------------------------------
 
 
-def run_hidden(key: str, part: str, functions: dict) -> str | None:
-    """The hidden test of ``part``, run as its cell runs it (fresh globals): None if it passes, else its message."""
-    test = types.FunctionType(hidden.HIDDEN[key].__code__, {"__builtins__": builtins})
-    try:
-        test(part, *(functions[name] for name in exercises.EXERCISES[key].names))
-    except AssertionError as exc:
-        return str(exc)
-    return None
+def run_hidden(key: str, part: str, functions: dict, seed: int | None = None) -> str | None:
+    """The hidden test of ``part`` as the grader runs it: inputs drawn here, the functions' answers as the kernel
+    gives them (through JSON), the verdict decided here. None if it passes, else its message."""
+    inputs = hidden.draw(key, part, int.from_bytes(os.urandom(4), "big") if seed is None else seed)
+    answers = hidden.answer(json.loads(json.dumps(inputs)), functions)
+    return hidden.judge(inputs, json.loads(json.dumps(answers)))
 
 
 def test_every_part_has_a_hidden_test():
-    assert set(hidden.HIDDEN) == set(exercises.EXERCISES)  # and each part runs: the next test
+    assert set(hidden.HIDDEN) == set(exercises.EXERCISES)
+    assert all(hidden.HIDDEN[key].parts == tuple(ex.parts) for key, ex in exercises.EXERCISES.items())
     with pytest.raises(ValueError, match="has no hidden test"):
         hidden.hidden_block("ch9-ex1", "values", ("f",))
+    with pytest.raises(ValueError, match="has no hidden test of part 'bogus'"):
+        hidden.draw("ch0-ex2", "bogus", 1)
 
 
 @pytest.mark.parametrize("key", sorted(exercises.EXERCISES))
@@ -268,26 +269,51 @@ def test_hidden_tests_catch_the_typical_mistakes(key, functions, part, hint):
     assert message and message.startswith(f"hidden test of part {part!r} (seed ")
 
 
-def test_hidden_tests_use_no_helper_a_notebook_can_patch():
-    """The block a test cell runs: no attn_utils, and the notebook's shadowed builtins do not reach it."""
+def test_the_kernel_gets_no_reference_and_cannot_change_a_verdict():
+    """The test cell's hidden block only calls respond(); the verdict comes from what the functions returned, so
+    a notebook's patches (builtins, the module, the frames) only change its own answers."""
     for key, ex in exercises.EXERCISES.items():
         for part in ex.parts:
             block = hidden.hidden_block(key, part, ex.names)
             assert block.startswith("### BEGIN HIDDEN TESTS") and block.endswith("### END HIDDEN TESTS")
-            assert "attn_utils" not in block and "exercises" not in block
-    wrong = causal_softmax_with(axis=-2)["causal_softmax"]
-    notebook = {"__builtins__": builtins, "causal_softmax": wrong, "abs": lambda x: 0, "sum": lambda x: 1.0,
-                "max": lambda *a: 0.0, "AssertionError": Warning}  # what a cheating notebook may define
-    block = hidden.hidden_block("ch0-ex2", "rows sum to one", ("causal_softmax",))
-    with pytest.raises(AssertionError, match="a row of weights sums to"):
-        exec(compile(block, "<test cell>", "exec"), notebook)
-    exec(compile(hidden.hidden_block("ch0-ex2", "causal mask", ("causal_softmax",)), "<test cell>", "exec"), notebook)
-    assert "_hidden_test" not in notebook and "_hidden_builtins" not in notebook  # it cleans up when it passes
+            code = "\n".join(line for line in block.splitlines() if not line.startswith("#"))
+            assert code.count("\n") == 2 and "_hidden.respond(" in code and "reference" not in code
+    inputs = hidden.draw("ch0-ex2", "values", 3)
+    honest = hidden.answer(inputs, solution("ch0-ex2"))
+    assert hidden.judge(inputs, honest) is None
+    zeros = hidden.answer(inputs, {"causal_softmax": lambda logits, T=1.0: torch.zeros_like(logits)})
+    nans = hidden.answer(inputs, {"causal_softmax": lambda logits, T=1.0: torch.full_like(logits, float("nan"))})
+    forged = [{"value": {**honest[0]["value"], "shape": [2, 9, 8]}}]
+    for bad, why in [(None, "no answer came back"), ("all passed", "instead of one answer per call"),
+                     ([{"value": 1.0}], "not an array of numbers"), (forged, "does not match its shape"),
+                     ([{"error": "NotImplementedError: no"}], "causal_softmax raised NotImplementedError"),
+                     ([{"value": {"shape": [2, 9, 9], "float64": "%%%"}}], "cannot be read"),
+                     ([{}], "no answer of causal_softmax came back"), (zeros, "a weight is 0.0"),
+                     (nans, "returned NaN"), ([honest[0], honest[0]], "one answer per call")]:
+        message = hidden.judge(inputs, bad)
+        assert message and message.startswith("hidden test of part 'values' (seed 3): ") and why in message, \
+            (why, message)
+    assert "no hidden test" not in (hidden.judge(hidden.draw("ch0-ex2", "shape", 3), zeros) or "")
+
+
+def test_respond_needs_the_graders_inputs(tmp_path, monkeypatch):
+    monkeypatch.delenv(hidden.INPUTS_ENV, raising=False)
+    with pytest.raises(AssertionError, match="run only when the classroom's grader executes the notebook"):
+        hidden.respond("ch0-ex2", "shape", causal_softmax=solution("ch0-ex2")["causal_softmax"])
+    inputs = hidden.draw("ch0-ex2", "shape", 5)
+    (tmp_path / "inputs.json").write_text(json.dumps({"ch0-ex2/shape": inputs}))
+    monkeypatch.setenv(hidden.INPUTS_ENV, str(tmp_path / "inputs.json"))
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda data, raw: shown.append(data))
+    hidden.respond("ch0-ex2", "shape", causal_softmax=solution("ch0-ex2")["causal_softmax"])
+    assert hidden.judge(inputs, shown[0][hidden.MIME]) is None
 
 
 def test_hidden_tests_draw_new_inputs_each_time():
     messages = {run_hidden("ch0-ex2", "values", causal_softmax_with(T_times=True)) for _ in range(3)}
     assert len(messages) == 3  # a new seed (and new values) each time
+    assert run_hidden("ch0-ex2", "values", causal_softmax_with(T_times=True), seed=9) == \
+        run_hidden("ch0-ex2", "values", causal_softmax_with(T_times=True), seed=9)  # a seed gives its inputs back
 
 
 def test_course_exercise_title_states_its_check_id_once():

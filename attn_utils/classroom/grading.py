@@ -7,9 +7,12 @@ either submitted files (standalone) or nothing (inside an nbgrader course: what 
 1. collects it: reads it without running anything (``.ipynb``, or a py:percent ``.py``), finds its
    chapter, and copies it to ``submitted/<student id>/<chapter>/<chapter>.ipynb`` with a timestamp, as
    ``nbgrader collect`` does; a file that is not a notebook, or whose chapter is not in the course,
-   gets its row without running;
-2. runs ``nbgrader autograde`` (test and read-only cells restored from the gradebook, checksums
-   checked, a time limit per cell, the classroom's
+   gets its row without running; another file in a student's folder (``alice/notes.txt``) is reported
+   and not graded;
+2. runs ``nbgrader autograde`` (the cells put back into the released notebook's order and metadata,
+   test and read-only cells restored from the gradebook, checksums checked, a time limit per cell, the
+   kernel in the classroom's sandbox, the hidden tests judged outside it: the classroom's
+   :class:`~attn_utils.classroom.nbgrader_support.ReleasedCells` and
    :class:`~attn_utils.classroom.nbgrader_support.GuardedExecute`);
 3. writes the submission's row into the CSV and its student's markdown feedback at once, so an
    interrupted batch keeps what finished, and a re-run skips every submission whose file has not
@@ -18,28 +21,31 @@ either submitted files (standalone) or nothing (inside an nbgrader course: what 
 At the end ``nbgrader generate_feedback`` makes the HTML feedback (one run per chapter) and ``nbgrader
 export`` writes the gradebook's CSV beside the grades. Student ids are the
 students' names made safe for paths and URLs by a reversible escape (:func:`student_id`), so two names
-never share a feedback file; the CSV gives both.
+never share a feedback file; a name whose escape is longer than :data:`MAX_ID` characters keeps its
+beginning and a hash, and the gradebook keeps every name (:func:`student_name` reads it back); the CSV
+gives both.
 """
 from __future__ import annotations
 
 import csv
 import datetime as dt
+import errno
 import hashlib
 import os
 import re
 import shutil
 import tempfile
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import jupytext
 import nbformat
 
 from attn_utils.classroom import nbgrader_support as support
-from attn_utils.classroom.student import METADATA_KEY
+from attn_utils.classroom import sandbox
 
-__all__ = ["Row", "grade", "student_id", "student_name"]
+__all__ = ["MAX_ID", "Row", "grade", "student_id", "student_name"]
 
 
 @dataclass
@@ -65,20 +71,43 @@ COLUMNS = [f.name for f in fields(Row)]
 # --- student ids --------------------------------------------------------------------------------------------
 
 _SAFE = re.compile(r"[A-Za-z0-9_.-]")
+MAX_ID = 100   # characters of a student id (a file name: at most 255 bytes)
+_HASHED = re.compile(r"~[0-9a-f]{16}$")
 
 
 def student_id(name: str) -> str:
-    """A reversible, path- and URL-safe id for a student's name: letters, digits, ``_ . -`` stay (``.`` and
-    ``-`` not in front), every other character becomes ``=<hex code point>=``."""
+    """A path- and URL-safe id for a student's name: letters, digits, ``_ . -`` stay (``.`` and ``-`` not in
+    front), every other character becomes ``=<hex code point>=``; when that is longer than :data:`MAX_ID`,
+    its first whole characters and ``~`` and 16 hex digits of the name's sha256."""
     if not name:
         raise ValueError("a student's name is empty")
-    return "".join(c if _SAFE.fullmatch(c) and not (i == 0 and c in ".-") else f"={ord(c):x}="
-                   for i, c in enumerate(name))
+    parts = [c if _SAFE.fullmatch(c) and not (i == 0 and c in ".-") else f"={ord(c):x}=" for i, c in enumerate(name)]
+    sid = "".join(parts)
+    if len(sid) <= MAX_ID:
+        return sid
+    head, room = [], MAX_ID - 17
+    for part in parts:
+        if len(part) > room:
+            break
+        head.append(part)
+        room -= len(part)
+    return "".join(head) + "~" + hashlib.sha256(name.encode()).hexdigest()[:16]
 
 
-def student_name(sid: str) -> str:
-    """The name :func:`student_id` made ``sid`` from."""
-    return re.sub(r"=([0-9a-f]+)=", lambda m: chr(int(m.group(1), 16)), sid)
+def student_name(sid: str, course: Path | str | None = None) -> str:
+    """The name :func:`student_id` made ``sid`` from: undone from the id itself, or, for a shortened id, read from
+    the gradebook of ``course`` (where :func:`grade` records every student's name)."""
+    if not _HASHED.search(sid):
+        return re.sub(r"=([0-9a-f]+)=", lambda m: chr(int(m.group(1), 16)), sid)
+    from nbgrader.api import Gradebook, MissingEntry
+
+    if course is None:
+        raise ValueError(f"student id {sid!r} was shortened: its name is in the course's gradebook")
+    with Gradebook(f"sqlite:///{Path(course) / 'gradebook.db'}", support.COURSE_ID) as gb:
+        try:
+            return gb.find_student(sid).last_name
+        except MissingEntry:
+            raise ValueError(f"student id {sid!r} was shortened and is not in the gradebook of {course}") from None
 
 
 # --- collecting -------------------------------------------------------------------------------------------------
@@ -97,11 +126,27 @@ class Submission:
     notebook: str = ""
     nb: nbformat.NotebookNode | None = None
     reason: str = ""
+    ignored: list[str] = field(default_factory=list)  # cells whose nbgrader metadata the grading ignores
+
+
+def _name_in_course(sid: str, course: Path) -> str:
+    """The name of the student whose nbgrader id is ``sid`` (an id of the course's own, if it is not one of ours)."""
+    try:
+        return student_name(sid, course)
+    except ValueError:
+        return sid
 
 
 def _name_of(path: Path, chapters: list[str]) -> str:
     """The folder name for ``alice/ch1_vanishing.ipynb`` (a copy handed back as is), else the file stem."""
     return path.parent.name if path.stem in chapters and path.parent.name else path.stem
+
+
+def _stray(path: Path, chapters: list[str]) -> bool:
+    """A file beside a student's submission (``alice/notes.txt`` next to ``alice/ch0_setting.ipynb``) whose name
+    is no chapter: not a submission, and not a student."""
+    return path.stem not in chapters and any((path.parent / f"{c}{suffix}").is_file()
+                                             for c in chapters for suffix in (".ipynb", ".py"))
 
 
 def _read(path: Path) -> nbformat.NotebookNode:
@@ -118,7 +163,7 @@ def _read(path: Path) -> nbformat.NotebookNode:
 
 
 def _chapter(nb: nbformat.NotebookNode, path: Path, chapters: list[str]) -> str:
-    info = nb.metadata.get(METADATA_KEY)
+    info = nb.metadata.get(support.METADATA_KEY)
     chapter = info.get("notebook") if isinstance(info, dict) else None
     if chapter is None:
         chapter = path.stem if path.stem in chapters else (chapters[0] if len(chapters) == 1 else None)
@@ -136,8 +181,9 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _plan(course: Path, submissions: list[Path] | None) -> list[Submission]:
-    """Every submission with its student, id and chapter (or why it is not run); nothing is run or copied."""
+def _plan(course: Path, submissions: list[Path] | None) -> tuple[list[Submission], list[Path]]:
+    """Every submission with its student, id and chapter (or why it is not run), and the stray files; nothing is
+    run or copied."""
     chapters = sorted(p.name for p in (course / "release").iterdir() if p.is_dir()) \
         if (course / "release").is_dir() else []
     if not chapters:
@@ -148,23 +194,31 @@ def _plan(course: Path, submissions: list[Path] | None) -> list[Submission]:
         if not found:
             raise ValueError(f"course {course}: nothing in submitted/<student>/<chapter>/ (run nbgrader collect, or "
                              f"name the submission files)")
-        plan = [Submission(p, student_name(p.parent.parent.name), p.parent.parent.name, _sha256(p)) for p in found]
+        plan = [Submission(p, _name_in_course(p.parent.parent.name, course), p.parent.parent.name, _sha256(p))
+                for p in found]
+        strays: list[Path] = []
     else:
         if not submissions:
             raise ValueError("no submissions given")
         missing = [p for p in submissions if not p.is_file()]
         if missing:
             raise ValueError(f"submission {str(missing[0])!r} is not a file")
-        plan = []
+        plan, strays = [], [p for p in submissions if _stray(p, chapters)]
         for p in submissions:
-            name = _name_of(p, chapters)
-            plan.append(Submission(p, name, student_id(name), _sha256(p)))
+            if p not in strays:
+                name = _name_of(p, chapters)
+                plan.append(Submission(p, name, student_id(name), _sha256(p)))
+    released = {}
     for s in plan:
         try:
             s.nb = _read(s.path)
             s.notebook = _chapter(s.nb, s.path, chapters)
         except Rejected as exc:
             s.reason = str(exc)
+            continue
+        if s.notebook not in released:
+            released[s.notebook] = nbformat.read(course / "release" / s.notebook / f"{s.notebook}.ipynb", as_version=4)
+        s.ignored = support.restore_cells(s.nb.cells, released[s.notebook].cells)[1]
     seen: dict[tuple[str, str], Submission] = {}
     ids: dict[str, Submission] = {}
     for s in plan:
@@ -176,7 +230,7 @@ def _plan(course: Path, submissions: list[Path] | None) -> list[Submission]:
             other = seen.setdefault((s.sid, s.notebook), s)
             if other is not s:
                 raise ValueError(f"{other.path} and {s.path} are both {s.student!r}'s {s.notebook}: keep one")
-    return plan
+    return plan, strays
 
 
 def _collect(course: Path, s: Submission) -> None:
@@ -267,6 +321,10 @@ def _grade_one(course: Path, api, s: Submission, out_dir: Path) -> tuple[Row, li
     if s.reason:
         return row, []
     _collect(course, s)
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}", support.COURSE_ID) as gb:
+        gb.update_or_create_student(s.sid, last_name=s.student)  # the name, for student_name and the formgrader
     result = api.autograde(s.notebook, s.sid, force=True, create=True)
     if _interrupted(result):
         raise KeyboardInterrupt
@@ -274,12 +332,19 @@ def _grade_one(course: Path, api, s: Submission, out_dir: Path) -> tuple[Row, li
     row.max_score = sum(c.max_score for c in cells if not c.manual)
     row.manual_points = sum(c.max_score for c in cells if c.manual)
     if not result["success"]:
+        if "[Errno 28]" in result.get("error", "") + result.get("log", ""):  # ENOSPC: the next ones would fail too
+            raise OSError(errno.ENOSPC, "No space left on device", str(course))
         row.status, row.feedback = "failed", f"nbgrader could not grade it: {_failure(result)}"
         return row, cells
     row.status = "graded"
     row.score = round(sum(c.score or 0 for c in cells if not c.manual), 6)
-    row.feedback = _summary(cells)
+    row.feedback = _summary(cells) + (f"; {_ignored(s)}" if s.ignored else "")
     return row, cells
+
+
+def _ignored(s: Submission) -> str:
+    return (f"ignored the nbgrader metadata of {len(s.ignored)} cell(s) the course did not give or that were changed "
+            f"({'; '.join(s.ignored)}): the cells of the released notebook are graded")
 
 
 def _html_feedback(api, course: Path, rows: list[Row], out_dir: Path) -> None:
@@ -365,8 +430,9 @@ def _write_rows(rows: list[Row], out_csv: Path) -> None:
         raise
 
 
-def _write_feedback(rows: list[Row], details: dict[str, list[Cell]], out_dir: Path, sid: str) -> None:
-    """The markdown feedback of one student: each submission's score and every test that failed, with its hint."""
+def _write_feedback(rows: list[Row], details: dict[str, tuple[list[Cell], str]], out_dir: Path, sid: str) -> None:
+    """The markdown feedback of one student: each submission's score and every test that failed, with its hint
+    (``details``: the cells of each submission graded in this run, and what its grading ignored)."""
     mine = [r for r in rows if r.student_id == sid]
     lines = [f"# Feedback for {mine[0].student}", ""]
     for r in mine:
@@ -379,7 +445,9 @@ def _write_feedback(rows: list[Row], details: dict[str, list[Cell]], out_dir: Pa
                      if r.manual_points else "."), ""]
         if r.status == "failed":
             lines += [f"The grader could not run it: {r.feedback}", ""]
-        cells = details.get(f"{r.student_id}/{r.notebook}/{r.sha256}")
+        cells, note = details.get(f"{r.student_id}/{r.notebook}/{r.sha256}", ([], ""))
+        if note:
+            lines += [note[0].upper() + note[1:] + ".", ""]
         if cells:
             for c in cells:
                 if c.manual and c.pending:
@@ -417,57 +485,81 @@ def _export(api, out_dir: Path) -> Path | None:
 
 
 def grade(course: Path | str, submissions: Iterable[Path | str] | None = None,
-          out_csv: Path | str = "grades.csv", *, time_limit: float | None = None) -> list[Row]:
+          out_csv: Path | str = "grades.csv", *, time_limit: float | None = None, sandboxed: bool = True) -> list[Row]:
     """Grade ``submissions`` (files; None: everything in the course's ``submitted/``) with nbgrader in ``course``.
 
     Writes ``out_csv`` (one row per submission, appended as each finishes), ``feedback/<student id>.md``
     and ``feedback/<student id>/<chapter>.html`` beside it, and ``gradebook.csv`` (``nbgrader export``).
-    ``time_limit`` replaces the course's seconds per cell for this run. Everything that can be checked is
-    checked before the first submission runs; a submission whose row is already in ``out_csv`` with the
+    ``time_limit`` replaces the course's seconds per cell for this run. Each kernel runs in the classroom's
+    sandbox (:mod:`attn_utils.classroom.sandbox`; ``sandboxed=False``: with the caller's permissions, where
+    the machine allows no sandbox); the stray files beside the submissions are reported. Everything that can be
+    checked is checked before the first submission runs; a submission whose row is already in ``out_csv`` with the
     same file content is not graded again. Returns the rows of this batch.
     """
     course = Path(course)
     if not support.is_course(course):
         raise ValueError(f"course {course}: not a course written by attn-companion student "
                          f"(no {support.CONFIG_FILE} of ours)")
-    if time_limit is not None and (isinstance(time_limit, bool) or not isinstance(time_limit, (int, float))
-                                   or not time_limit > 0):
-        raise ValueError(f"time_limit must be a number of seconds > 0, got {time_limit!r}")
+    if not support.judged_outside(course):
+        raise ValueError(f"course {course}: written by an earlier attn-companion, whose hidden tests ran inside the "
+                         f"students' kernels; write the course again with attn-companion student (a new folder)")
+    if time_limit is not None:
+        time_limit = support.check_time_limit(time_limit)
     out_csv = Path(out_csv)
     _check_out(out_csv)
     if not os.access(course, os.W_OK | os.X_OK):
         raise ValueError(f"course {course}: not writable")
-    plan = _plan(course, None if submissions is None else [Path(p) for p in submissions])
+    plan, strays = _plan(course, None if submissions is None else [Path(p) for p in submissions])
+    if sandboxed:
+        try:
+            print(f"sandbox: {sandbox.probe().describe()}", flush=True)
+        except sandbox.SandboxUnavailable as exc:
+            raise sandbox.SandboxUnavailable(f"{exc}; grade where the sandbox can be made (a Linux machine or "
+                                             f"container that allows namespaces), or pass --no-sandbox: the "
+                                             f"submissions then run with your permissions") from None
+    else:
+        print("sandbox: none (--no-sandbox): the submissions run with your permissions", flush=True)
+    for path in strays:
+        print(f"not graded: {path} (a file beside a student's submission whose name is no chapter of the course)")
     out_dir = out_csv.resolve().parent
     rows = _read_rows(out_csv)
     done = {(r.student_id, r.notebook, r.sha256): r for r in rows}
     batch: list[Row] = []
-    details: dict[str, list[Cell]] = {}
-    with tempfile.TemporaryDirectory(prefix="attn-grade-") as tmp, support.nbgrader_env(Path(tmp)):
-        api = support.course_api(course, timeout=time_limit)
-        for i, s in enumerate(plan, 1):
-            key = (s.sid, s.notebook, s.sha256)
-            if key in done:
-                batch.append(done[key])
-                print(f"[{i}/{len(plan)}] {s.student}: already graded, skipped ({s.path})", flush=True)
-                continue
-            print(f"[{i}/{len(plan)}] grading {s.path} ({s.student}, {s.notebook or 'unknown chapter'})", flush=True)
-            row, cells = _grade_one(course, api, s, out_dir)
-            _html(out_dir, row).unlink(missing_ok=True)  # the feedback of an earlier version of the file
-            slots = [_slot(r) for r in rows]
-            if _slot(row) in slots:  # a new version of a file graded before takes its row
-                rows[slots.index(_slot(row))] = row
-            else:
-                rows.append(row)
-            _write_rows(rows, out_csv)
-            details[f"{s.sid}/{s.notebook}/{s.sha256}"] = cells
-            _write_feedback(rows, details, out_dir, s.sid)
-            batch.append(row)
-            extra = f" (+{row.manual_points:g} by hand)" if row.manual_points else ""
-            print(f"[{i}/{len(plan)}] {s.student}: {row.status}, {row.score:g} / {row.max_score:g}{extra}"
-                  + ("" if row.status == "graded" else f": {row.feedback}"), flush=True)
-        _html_feedback(api, course, rows, out_dir)
-        exported = _export(api, out_dir)
+    details: dict[str, tuple[list[Cell], str]] = {}
+    hidden = [course, out_dir, *{s.path.resolve().parent for s in plan}]
+    try:
+        with tempfile.TemporaryDirectory(prefix="attn-grade-") as tmp, support.nbgrader_env(Path(tmp)):
+            api = support.course_api(course, timeout=time_limit, sandbox=sandboxed, hidden_paths=hidden)
+            for i, s in enumerate(plan, 1):
+                key = (s.sid, s.notebook, s.sha256)
+                if key in done:
+                    batch.append(done[key])
+                    print(f"[{i}/{len(plan)}] {s.student}: already graded, skipped ({s.path})", flush=True)
+                    continue
+                print(f"[{i}/{len(plan)}] grading {s.path} ({s.student}, {s.notebook or 'unknown chapter'})",
+                      flush=True)
+                row, cells = _grade_one(course, api, s, out_dir)
+                _html(out_dir, row).unlink(missing_ok=True)  # the feedback of an earlier version of the file
+                slots = [_slot(r) for r in rows]
+                if _slot(row) in slots:  # a new version of a file graded before takes its row
+                    rows[slots.index(_slot(row))] = row
+                else:
+                    rows.append(row)
+                _write_rows(rows, out_csv)
+                details[f"{s.sid}/{s.notebook}/{s.sha256}"] = (cells, _ignored(s) if s.ignored else "")
+                _write_feedback(rows, details, out_dir, s.sid)
+                batch.append(row)
+                extra = f" (+{row.manual_points:g} by hand)" if row.manual_points else ""
+                print(f"[{i}/{len(plan)}] {s.student}: {row.status}, {row.score:g} / {row.max_score:g}{extra}"
+                      + ("" if row.status == "graded" else f": {row.feedback}"), flush=True)
+            _html_feedback(api, course, rows, out_dir)
+            exported = _export(api, out_dir)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise RuntimeError(f"no space left on the device ({exc.filename or out_dir}): the rows of the submissions "
+                           f"graded before are kept in {out_csv}; free some space and run the same command again, "
+                           f"which skips them") from None
     print(f"{len(plan)} submission(s): grades in {out_csv}, feedback in {out_dir / 'feedback'}, "
-          f"nbgrader's export in {exported}")
+          f"nbgrader's export in {exported}" + (f"; {len(strays)} stray file(s) not graded" if strays else ""))
     return batch

@@ -39,11 +39,10 @@ from attn_utils.book import build
 from attn_utils.book.params import validate
 from attn_utils.classroom import nbgrader_support as support
 from attn_utils.classroom.exercises import EXERCISES, exercise_notebooks, exercises_of
-from attn_utils.classroom.hidden import hidden_block
+from attn_utils.classroom.hidden import hidden_block, test_id
 
 __all__ = ["course_notebook", "per_notebook", "write_course"]
 
-METADATA_KEY = "attn_companion"     # notebook metadata: the chapter, its exercises, the parameters
 SOLUTION_TAG, CHECK_TAG = "solution", "exercise-check"
 DEFAULT_TIME_LIMIT = 300.0          # seconds per cell
 
@@ -107,10 +106,6 @@ def _meta(grade_id: str, *, grade: bool = False, solution: bool = False, locked:
     return {"nbgrader": meta}
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-
-
 def _plain_exercise(first: str, lines: Iterator[str]) -> tuple[str, str, list[str]]:
     """An ``{exercise}`` directive (``first`` is its opening line): its label, title and body lines."""
     title, label, body = first.strip().removeprefix("```{exercise}").strip(), "", []
@@ -165,8 +160,7 @@ def _test_cell(key: str, part: str) -> nbformat.NotebookNode:
         f"exercises.check({key!r}, {', '.join(names)}, part={part!r})",
         hidden_block(key, part, names),
     ])
-    return nbformat.v4.new_code_cell(source, metadata=_meta(f"{key}-test-{_slug(part)}", grade=True, locked=True,
-                                                            points=1))
+    return nbformat.v4.new_code_cell(source, metadata=_meta(test_id(key, part), grade=True, locked=True, points=1))
 
 
 def _answer_cell(key: str, points: int, prose: list[str]) -> nbformat.NotebookNode:
@@ -314,7 +308,7 @@ def course_notebook(src: Path, parameters: Mapping[str, Any] | None = None,
     return nbformat.v4.new_notebook(cells=course.cells, metadata={
         "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
         "language_info": {"name": "python"},
-        METADATA_KEY: {"notebook": stem, "exercises": sorted(course.points) + sorted(coding),
+        support.METADATA_KEY: {"notebook": stem, "exercises": sorted(course.points) + sorted(coding),
                        "parameters": dict(course.parameters), "exercises_only": exercises_only}})
 
 
@@ -382,13 +376,23 @@ def write_course(out: Path | str, notebooks: Iterable[str] | None = None,
     if without:
         raise ValueError(f"notebook {without[0]!r} has no coding exercise; notebooks with exercises: "
                          f"{exercise_notebooks()}")
-    if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not time_limit > 0:
-        raise ValueError(f"time_limit must be a number of seconds > 0, got {time_limit!r}")
+    time_limit = support.check_time_limit(time_limit)
     defaults = per_notebook(dict(parameters or {}), stems)
     out = Path(out)
     _check_folder(out, stems)
     sources = {stem: course_notebook(build.NOTEBOOK_DIR / f"{stem}.py", defaults[stem], exercises_only)
                for stem in stems}  # every chapter converts before anything is written
+    new = not out.exists()
+    try:
+        return _write(out, sources, defaults, time_limit, exercises_only)
+    except BaseException:
+        if new:  # a failed or interrupted first write leaves no folder behind
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def _write(out: Path, sources: dict[str, nbformat.NotebookNode], defaults: dict[str, dict[str, Any]],
+           time_limit: float, exercises_only: bool) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     support.write_config(out, timeout=time_limit, parameters=defaults, exercises_only=exercises_only)
     (out / "README.md").write_text(COURSE_README.format(course=out))
