@@ -187,14 +187,14 @@ table(pd.Series(session.summary()).rename_axis("model and window").reset_index(n
 
 # %%
 weights0 = session.capture_layer(0).weights[0]  # (heads, L, L)
-checks = setting.layer_checks(weights0)
+checks = setting.layer_checks(weights0, session.visible(0))
 
 # %% tags=["remove-cell"]
 glue_values({"model_name": session.name, "model_description": session.description, "model_choice": session.choice,
              **checks}, digits=2)
 
 # %% tags=["hide-input"]
-figures.glue_figure("fig_ch0_heatmaps", setting.heatmaps(weights0, session.name))
+figures.glue_figure("fig_ch0_heatmaps", setting.heatmaps(weights0, session.name, visible=session.visible(0)))
 
 # %% [markdown]
 # ```{glue:figure} fig_ch0_heatmaps
@@ -213,8 +213,8 @@ figures.glue_figure("fig_ch0_heatmaps", setting.heatmaps(weights0, session.name)
 # more weight the queries park there (the average share is given below).
 # ```
 #
-# The captured rows sum to one up to {glue:text}`row_error` and the weights above the diagonal are
-# at most {glue:text}`upper_max`: the causal mask is in place. Averaged over the
+# The captured rows sum to one up to {glue:text}`row_error` and the weights on keys a query cannot see
+# are at most {glue:text}`upper_max`: the model's mask is in place. Averaged over the
 # {glue:text}`n_heads` heads of this layer and over queries, the first token of the window receives a
 # share {glue:text}`first_key_share` of each query's weight ({numref}`fig-ch0-heatmaps`) — the "attention
 # sink" {cite}`xiao2024sinks` that pretrained models develop, and one reason why a few keys can dominate a row.
@@ -224,6 +224,17 @@ figures.glue_figure("fig_ch0_heatmaps", setting.heatmaps(weights0, session.name)
 # gets longer ({doc}`ch1_vanishing`), how far the tokens a row selects stay from the rest
 # ({doc}`ch2_distance`), how many of them remain distinguishable ({doc}`ch3_separability`), and how
 # violently the row reacts to a small change of its logits ({doc}`ch4_gradient`).
+# ```
+#
+# ## The same claims on every model
+#
+# Does a verdict of this chapter belong to the paper or to the model it was measured on? The build executes
+# the chapter on each of its models, which differ in ways that could matter (training, quantisation,
+# positions, key/value sharing, sliding windows, an encoder's bidirectional attention: see
+# {doc}`ch0_setting`). Each reads the same passage; a model whose context is shorter than the window reads
+# as much of it as fits.
+#
+# ```{include} ../_models/ch0_setting.md
 # ```
 #
 # ## Key takeaways

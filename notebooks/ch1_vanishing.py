@@ -498,6 +498,17 @@ figures.glue_figure("fig_ch1_head_slopes", vanishing.plot_head_slopes(slopes, f4
 # escapes against their effect on gradients.
 # ```
 #
+# ## The same claims on every model
+#
+# Does a verdict of this chapter belong to the paper or to the model it was measured on? The build executes
+# the chapter on each of its models, which differ in ways that could matter (training, quantisation,
+# positions, key/value sharing, sliding windows, an encoder's bidirectional attention: see
+# {doc}`ch0_setting`). Each reads the same passage; a model whose context is shorter than the window reads
+# as much of it as fits.
+#
+# ```{include} ../_models/ch1_vanishing.md
+# ```
+#
 # ## Key takeaways
 #
 # * **Lemma 1 is a theorem with a sharp rate.** Any positive normalizer that does not know $L$, on logits

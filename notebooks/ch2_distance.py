@@ -656,6 +656,17 @@ glue_values({**captured, **checks, **facts, **distance.figure2_readings(facts, r
 # ```
 
 # %% [markdown]
+# ## The same claims on every model
+#
+# Does a verdict of this chapter belong to the paper or to the model it was measured on? The build executes
+# the chapter on each of its models, which differ in ways that could matter (training, quantisation,
+# positions, key/value sharing, sliding windows, an encoder's bidirectional attention: see
+# {doc}`ch0_setting`). Each reads the same passage; a model whose context is shorter than the window reads
+# as much of it as fits.
+#
+# ```{include} ../_models/ch2_distance.md
+# ```
+#
 # ## Key takeaways
 #
 # * **Theorem 1, fixed set** (our completion of a truncated formula) is proven, and it is sharp: it is

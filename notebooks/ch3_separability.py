@@ -545,6 +545,17 @@ claims.record("ch3-multihead-coverage", model="synthetic", coverage=coverage, H=
 # $p=$ {glue:text}`cov_ours_p`, the same arithmetic asks for $H=$ {glue:text}`cov_ours_H` heads — if
 # they were independent.
 #
+# ## The same claims on every model
+#
+# Does a verdict of this chapter belong to the paper or to the model it was measured on? The build executes
+# the chapter on each of its models, which differ in ways that could matter (training, quantisation,
+# positions, key/value sharing, sliding windows, an encoder's bidirectional attention: see
+# {doc}`ch0_setting`). Each reads the same passage; a model whose context is shorter than the window reads
+# as much of it as fits.
+#
+# ```{include} ../_models/ch3_separability.md
+# ```
+#
 # ## Key takeaways
 #
 # * **The definition is easy to compute.** A selected token is distinguishable when its weight-rescaled

@@ -468,6 +468,17 @@ table(gradient.verdict_table(recorded))
 # so any comparison of temperatures across papers must say which scale it uses.
 # ```
 #
+# ## The same claims on every model
+#
+# Does a verdict of this chapter belong to the paper or to the model it was measured on? The build executes
+# the chapter on each of its models, which differ in ways that could matter (training, quantisation,
+# positions, key/value sharing, sliding windows, an encoder's bidirectional attention: see
+# {doc}`ch0_setting`). Each reads the same passage; a model whose context is shorter than the window reads
+# as much of it as fits.
+#
+# ```{include} ../_models/ch4_gradient.md
+# ```
+#
 # ## Key takeaways
 #
 # * **Corollary 3 is false as a spectral-norm bound.** Two tied logits give $\|J\|_2=1/(2T)$, at least

@@ -806,6 +806,17 @@ glue_values({**coverage.prose(), **verdicts})
 # {doc}`ch5_reproducibility`.
 # ```
 #
+# ## The same claims on every model
+#
+# Does a verdict of this chapter belong to the paper or to the model it was measured on? The build executes
+# the chapter on each of its models, which differ in ways that could matter (training, quantisation,
+# positions, key/value sharing, sliding windows, an encoder's bidirectional attention: see
+# {doc}`ch0_setting`). Each reads the same passage; a model whose context is shorter than the window reads
+# as much of it as fits.
+#
+# ```{include} ../_models/ch6_beyond.md
+# ```
+#
 # ## Key takeaways
 #
 # - **Lemma 1.** Every weight of the synthetic rows lies in its envelope ({glue:text}`env_violations`

@@ -31,7 +31,7 @@ def test_weights_table_is_the_normalizers_row_by_row():
 
 def test_layer_checks_and_heatmaps_on_a_known_layer():
     w = normalizers.softmax(torch.zeros(2, 5, 5, dtype=torch.float64), mask=normalizers.causal_mask(5))
-    checks = setting.layer_checks(w)
+    checks = setting.layer_checks(w, normalizers.causal_mask(5))
     assert checks["L_shown"] == 5 and checks["n_heads"] == 2 and checks["upper_max"] == 0
     assert checks["row_error"] < 1e-15
     assert checks["first_key_share"] == pytest.approx((1 / 2 + 1 / 3 + 1 / 4 + 1 / 5) / 4)  # uniform rows t >= 2
@@ -42,6 +42,18 @@ def test_layer_checks_and_heatmaps_on_a_known_layer():
     panels = [a for a in four.axes if a.get_title().startswith("layer 0")]
     assert len({round(a.get_position().x0, 3) for a in panels}) == 2 and four.get_size_inches()[0] <= 7.5
     assert [t.get_text() for t in panels[0].get_xticklabels()] == ["0", "2", "4", "6"]  # token positions
+
+
+def test_layer_checks_and_heatmaps_of_an_encoder_mask_nothing():
+    """An encoder's rows see every key: no weight is on a hidden key, nothing is hatched, the title says so; with the
+    causal mask given for the same full rows, the weights above the diagonal are found."""
+    w = normalizers.softmax(torch.zeros(2, 4, 4, dtype=torch.float64))  # uniform over all 4 keys
+    everything = torch.ones(4, 4, dtype=torch.bool)
+    assert setting.layer_checks(w, everything)["upper_max"] == 0
+    assert setting.layer_checks(w, normalizers.causal_mask(4))["upper_max"] == pytest.approx(0.25)
+    fig = setting.heatmaps(w, "enc", visible=everything)
+    assert "bidirectional" in fig._suptitle.get_text()
+    assert not any(p.get_hatch() for a in fig.axes for p in a.patches)
 
 
 def test_the_masked_region_is_exactly_the_cells_above_the_diagonal():

@@ -32,7 +32,9 @@ from traitlets.config import Config
 from attn_utils.book import runlog
 from attn_utils.book.cache import Cache, merge, now, restore, snapshot, written
 from attn_utils.book.cache import key as cache_key
-from attn_utils.book.params import FACTS, PARAMETERS_ENV, ParameterError, Parameters, resolve, thawed
+from attn_utils.book import compare
+from attn_utils.book.params import (FACTS, PARAMETERS_ENV, ParameterError, Parameters, book_models, resolve,
+                                     resolve_on, thawed)
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK_DIR = ROOT / "notebooks"
@@ -92,21 +94,26 @@ def _parameters_cell(src: Path, mtime_ns: int, size: int) -> dict[str, Any]:
     return {}
 
 
-def check_parameters(src: Path, parameters: dict[str, Any], *, cache: dict | None = None) -> Parameters:
+def check_parameters(src: Path, parameters: dict[str, Any], *, cache: dict | None = None,
+                     on: str | None = None) -> Parameters:
     """The values ``src`` will use with ``parameters`` over its defaults: checked once against the specification,
     its rules and the facts they read (:func:`attn_utils.book.params.resolve`; ``cache`` keeps the models, tokenizers
-    and texts read between runs). A parameter the notebook does not declare, or an invalid value, is a
-    ``ValueError`` naming the notebook and the parameter (and, where it is one, the default)."""
+    and texts read between runs; ``on``: another model of the build, :func:`~attn_utils.book.params.resolve_on`). A
+    parameter the notebook does not declare, or an invalid value, is a ``ValueError`` naming the notebook and the
+    parameter (and, where it is one, the default)."""
     declared = notebook_parameters(src)
     unknown = sorted(set(parameters) - set(declared))
     if unknown:
         raise ValueError(f"{src.stem} has no parameter {unknown[0]!r}; its parameters are {sorted(declared)}")
     try:
+        if on is not None:
+            return resolve_on(on, {**declared, **parameters}, cache=cache)
         return resolve({**declared, **parameters}, cache=cache)
     except ParameterError as err:
         facts = set(err.names) & set(FACTS)
         if facts:
-            model = err.facts["model_choice"][0] if "model_choice" in err.facts else {**declared, **parameters}["model"]
+            model = on or (err.facts["model_choice"][0] if "model_choice" in err.facts
+                           else {**declared, **parameters}["model"])
             of = f" ({err.facts['context']} tokens of context)" if "context" in facts else ""
             raise ParameterError(err.names, f"{src.stem} with model {model!r}{of}: {err}") from None
         defaults = [n for n in err.names if n in declared and n not in parameters]
@@ -115,7 +122,7 @@ def check_parameters(src: Path, parameters: dict[str, Any], *, cache: dict | Non
         raise ParameterError(err.names, f"{src.stem}: {err}{hint}") from None
 
 
-def preflight(runs: Iterable[tuple[Path, dict[str, Any]]]) -> list[Parameters]:
+def preflight(runs: Iterable[tuple[Path, dict[str, Any]]], *, cache: dict | None = None) -> list[Parameters]:
     """Check every ``(notebook, parameters)`` run before any notebook executes, in seconds; return the
     :class:`~attn_utils.book.params.Parameters` each will use (:func:`check_parameters`), which
     :func:`execute_notebook` hands to the notebook.
@@ -123,9 +130,9 @@ def preflight(runs: Iterable[tuple[Path, dict[str, Any]]]) -> list[Parameters]:
     For a notebook that declares a model, the model is resolved (``auto`` says which it takes, once) and its
     context is read from its configuration, without its weights; with a corpus, the text is read and tokenized as
     far as the window needs. The rules on these facts (``L`` and ``long_lengths`` within the context, ``offset + L``
-    within the corpus) then apply. Models, tokenizers and texts are read once for all the runs.
+    within the corpus) then apply. Models, tokenizers and texts are read once for all the runs (``cache``).
     """
-    cache: dict[tuple, Any] = {}
+    cache = {} if cache is None else cache
     return [check_parameters(src, parameters, cache=cache) for src, parameters in runs]
 
 
@@ -155,6 +162,7 @@ def execute_notebook(src: Path, out: Path, p: Parameters, *, run_dir: Path | Non
         checked = Path(tmp) / "parameters.json"
         checked.write_text(p.to_json())
         env = {runlog.NOTEBOOK_ENV: src.stem, PARAMETERS_ENV: str(checked),
+               runlog.MODEL_ENV: p.model_name if "model" in p else "",
                **({runlog.RUN_DIR_ENV: str(run_dir)} if run_dir is not None else {})}
         nb_in = Path(tmp) / f"{src.stem}.ipynb"
         nbformat.write(nb, nb_in)
@@ -329,12 +337,20 @@ def build_book(parameters: dict[str, Any] | None = None, *, root: Path = ROOT, o
     out = (out or root / "_build" / "html").resolve()
     notebooks = book_notebooks(root)
     declared = {nb: notebook_parameters(nb) for nb in notebooks}
-    unknown = sorted(set(parameters) - set().union(*declared.values()))
+    known = set().union(*declared.values()) | {"models"}
+    unknown = sorted(set(parameters) - known)
     if unknown:
-        raise ValueError(f"no notebook has a parameter {unknown[0]!r}; "
-                         f"known parameters: {sorted(set().union(*declared.values()))}")
+        raise ValueError(f"no notebook has a parameter {unknown[0]!r}; known parameters: {sorted(known)}")
+    facts: dict[tuple, Any] = {}  # models, tokenizers and texts read once for the whole preflight
+    models = book_models(parameters.pop("models", "auto"), model=parameters.pop("model", None), cache=facts)
     own = {nb: {k: v for k, v in parameters.items() if k in declared[nb]} for nb in notebooks}
-    checked = dict(zip(notebooks, preflight(own.items())))
+    for nb in notebooks:
+        if "model" in declared[nb] and models[0] != declared[nb]["model"]:
+            own[nb]["model"] = models[0]
+    checked = dict(zip(notebooks, preflight(own.items(), cache=facts)))
+    # every model chapter is executed again on each other model of the build (its last section and the ledger)
+    variants = {nb: {m: check_parameters(nb, own[nb], cache=facts, on=m) for m in models[1:]}
+                for nb in notebooks if "model" in declared[nb]}
 
     out.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_staging(out.parent)
@@ -347,16 +363,23 @@ def build_book(parameters: dict[str, Any] | None = None, *, root: Path = ROOT, o
         _configure(staging / "_config.yml", repository)
         run_dir = staging / "_run"
         run_dir.mkdir()
+        runlog.write("build", "models", {"models": list(models)}, folder=run_dir)
         if windows is not None:
             runlog.write("windows", "windows", windows, folder=run_dir)
         cache = cache or Cache()
         executions: dict[str, Execution] = {}
-        for i, nb in enumerate(sorted(notebooks, key=reads_run_records), 1):
-            print(f"[{i}/{len(notebooks)}] {nb.name} {own[nb] or ''}", flush=True)
-            executions[nb.stem] = run_notebook(nb, staging / "notebooks" / f"{nb.stem}.ipynb", checked[nb],
-                                               run_dir=run_dir, cache=cache, reuse=reuse, progress=progress,
-                                               reads_records=reads_run_records(nb))
-            print(f"[{i}/{len(notebooks)}] {nb.name} {executions[nb.stem]}", flush=True)
+        runs = [(nb, None, staging / "notebooks" / f"{nb.stem}.ipynb", checked[nb]) for nb in notebooks]
+        runs += [(nb, m, staging / "_variants" / f"{nb.stem}--{m}.ipynb".replace("/", "_"), q)
+                 for nb in notebooks for m, q in variants.get(nb, {}).items()]
+        runs.sort(key=lambda run: reads_run_records(run[0]))  # the ledger last; each list keeps its order
+        for i, (nb, m, target, q) in enumerate(runs, 1):
+            label = nb.stem if m is None else f"{nb.stem} on {m}"
+            print(f"[{i}/{len(runs)}] {label} {own[nb] or ''}", flush=True)
+            executions[label] = run_notebook(nb, target, q, run_dir=run_dir, cache=cache, reuse=reuse,
+                                             progress=progress, reads_records=reads_run_records(nb))
+            print(f"[{i}/{len(runs)}] {label} {executions[label]}", flush=True)
+        for nb in variants:
+            compare.write_section(nb.stem, models, staging, run_dir)
         (staging / "_status.md").write_text(status_markdown(executions))
         runlog.write("status", "executions", {nb: asdict(e) for nb, e in executions.items()}, folder=run_dir)
         print("building the HTML with Jupyter Book", flush=True)

@@ -210,14 +210,15 @@ def _plain(value: Any) -> Any:
 
 
 def record(key: str, *, model: str, **values: Any) -> Claim:
-    """Judge claim ``key`` on ``values`` and write its row to the run folder (re-running replaces it)."""
+    """Judge claim ``key`` on ``values`` and write its row to the run folder, one per claim and model (re-running
+    replaces it)."""
     claim = judge(key, model=model, **values)
-    runlog.write("claims", claim.key, {**asdict(claim), "notebook": runlog.notebook()})
+    runlog.write("claims", f"{claim.key}--{model}".replace("/", "_"), {**asdict(claim), "notebook": runlog.notebook()})
     return claim
 
 
 def load(folder: Path | None = None) -> pd.DataFrame:
-    """Every recorded claim, ordered by chapter then key."""
+    """Every recorded claim, one row per claim and model, ordered by chapter then key."""
     columns = [*Claim.__dataclass_fields__, "notebook"]
     return pd.DataFrame(runlog.read("claims", folder), columns=columns).sort_values(["chapter", "key"],
                                                                                   ignore_index=True)

@@ -113,6 +113,12 @@ SPECS: dict[str, Spec] = {
                    and re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", v) is not None,
                    "where the model and the analysis run; 'auto' takes the first CUDA GPU when there is one, else "
                    "the CPU"),
+    "models": Spec("'auto' or a non-empty list of distinct model names (each as model accepts)",
+                   lambda v: v == "auto" or (isinstance(v, (list, tuple)) and bool(v) and len(set(v)) == len(v)
+                                             and all(isinstance(m, str) and m.strip() and m != "auto" for m in v)),
+                   "the models of a book build: every model chapter is executed on each (its page shows the first, "
+                   "the others in its last section and in the ledger); 'auto' is gpt2 when it can be had, then the "
+                   "embedded smollm2-135m, gemma3-270m and minilm-l6"),
     "long_lengths": Spec("None or a non-empty increasing list of integers >= 3",
                          lambda v: v is None or _int_list(3, increasing=True)(v),
                          "windows longer than L for the long-context measurements (chapter ch6_beyond)"),
@@ -126,6 +132,30 @@ FACTS = {
     "corpus_tokens": (("model", "corpus"), "the tokens of the corpus (its chapters) under the model's tokenizer"),
     "cuda_devices": (("device",), "the number of CUDA GPUs that torch sees on this machine"),
 }
+
+
+#: the embedded pretrained models, in the order of a build's models after gpt2 (attn_utils.models.embedded)
+EMBEDDED_MODELS = ("smollm2-135m", "gemma3-270m", "minilm-l6")
+
+
+def book_models(models: Any = "auto", *, model: str | None = None, cache: dict | None = None) -> tuple[str, ...]:
+    """The models a build measures, first the one its pages show: ``models`` checked against its spec, with
+    ``'auto'`` resolved once (``gpt2`` first when it can be had, then :data:`EMBEDDED_MODELS`; ``cache`` is the
+    preflight's, so the hub is asked once per build). A ``model`` given to the build (``PARAMS="model=X"``) alone means
+    ``(X,)``; with ``models`` too it is an error."""
+    if model is not None:
+        if models != "auto":
+            raise ParameterError(("models", "model"), "give the build models (several) or model (one), not both")
+        return (model,)
+    if not SPECS["models"].check(models):
+        raise ParameterError(("models",), f"parameter models must be {SPECS['models'].allowed}, got {models!r}")
+    if models != "auto":
+        for name in models:
+            if not SPECS["model"].check(name):
+                raise ParameterError(("models",), f"parameter models: {name!r} is not a model name")
+        return tuple(models)
+    first = _FactReader({} if cache is None else cache).once(("auto",), _FactReader._auto)[0]
+    return tuple(dict.fromkeys((first, *EMBEDDED_MODELS)) if first == "gpt2" else EMBEDDED_MODELS)
 
 
 class ParameterError(ValueError):
@@ -298,6 +328,20 @@ def resolve(values: Mapping[str, Any], *, cache: dict | None = None) -> Paramete
     the terminal), its context from its configuration (no weights are loaded), the corpus tokenized as far as the
     window needs, the CUDA GPUs. ``cache`` keeps models, tokenizers and texts between the runs of one preflight."""
     return _check(dict(values), _FactReader({} if cache is None else cache).read)
+
+
+def resolve_on(model: str, values: Mapping[str, Any], *, cache: dict | None = None) -> Parameters:
+    """:func:`resolve` of a notebook's ``values`` on another model of the build (not the first): its ``L`` is lowered
+    to that model's context where it exceeds it (an encoder of 512 positions reads 512 tokens where the book's pages
+    read 1024), and the rules derive the rest from that (the lengths above L dropped...). The first model keeps the
+    given L, which must fit its context."""
+    values = {**values, "model": model}
+    if "L" in values and _is_int(values["L"], 2):
+        cache = {} if cache is None else cache
+        context = _FactReader(cache).read("context", values)
+        if context is not None and values["L"] > context:
+            values["L"] = context
+    return resolve(values, cache=cache)
 
 
 def _check(values: dict[str, Any], fact: Callable[[str, dict], Any]) -> Parameters:

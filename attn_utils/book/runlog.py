@@ -15,6 +15,7 @@ from typing import Any
 
 RUN_DIR_ENV = "ATTN_COMPANION_RUN_DIR"
 NOTEBOOK_ENV = "ATTN_COMPANION_NOTEBOOK"
+MODEL_ENV = "ATTN_COMPANION_MODEL"
 
 
 def run_dir() -> Path:
@@ -25,6 +26,11 @@ def run_dir() -> Path:
 def notebook() -> str:
     """The notebook being executed (``interactive`` outside ``attn-companion``)."""
     return os.environ.get(NOTEBOOK_ENV, "interactive")
+
+
+def model() -> str:
+    """The model the notebook being executed measures (``$ATTN_COMPANION_MODEL``, set by the build; ``""`` without)."""
+    return os.environ.get(MODEL_ENV, "")
 
 
 def write(kind: str, key: str, payload: dict[str, Any], folder: Path | None = None) -> Path:
@@ -44,9 +50,9 @@ def read(kind: str, folder: Path | None = None) -> list[dict[str, Any]]:
 
 def record_time(algorithm: str, seconds: float) -> None:
     """Add ``seconds`` to the wall time recorded for ``algorithm`` in the current notebook (``timings/``)."""
-    key = f"{notebook()}--{algorithm}".replace(" ", "_")
+    key = "--".join(filter(None, (notebook(), model(), algorithm))).replace(" ", "_").replace("/", "_")
     previous = next((r for r in read("timings") if r["key"] == key), {"seconds": 0.0, "calls": 0})
-    write("timings", key, {"key": key, "algorithm": algorithm, "notebook": notebook(),
+    write("timings", key, {"key": key, "algorithm": algorithm, "notebook": notebook(), "model": model(),
                            "seconds": previous["seconds"] + seconds, "calls": previous["calls"] + 1})
 
 

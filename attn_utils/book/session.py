@@ -14,8 +14,8 @@ import torch
 
 from attn_utils.book import runlog
 from attn_utils.models.capture import AttentionCapture, LayerCapture, capture_all
-from attn_utils.models.corpus import Corpus, load_text, token_windows
-from attn_utils.models.loading import load_model
+from attn_utils.models.corpus import Corpus, load_text, model_windows
+from attn_utils.models.loading import load_model, visible_keys
 from attn_utils.book.params import Parameters, resolve
 from attn_utils.models.provenance import Provenance
 
@@ -58,7 +58,7 @@ class Session:
         prov.seed = p.seed
         text = load_text(None if p.corpus == "war-and-peace" else p.corpus,
                          chapters=tuple(p.chapters) if p.chapters else None)
-        ids = token_windows(text, tokenizer, p.L, offset=p.offset)[0].to(prov.device)
+        ids = model_windows(text, tokenizer, p.L, prov.window, offset=p.offset)[0].to(prov.device)
         prov.add_corpus(text, L=p.L, offset=p.offset)
         return cls(net, tokenizer, prov, text, ids)
 
@@ -83,14 +83,47 @@ class Session:
             return f"It was requested explicitly (model='{self.provenance.requested}')."
         if self.name == "gpt2":
             return "It was chosen by model='auto': GPT-2 small, the paper's own model."
-        return ("GPT-2, the paper's model, could not be loaded on the machine that built this book, so model='auto' "
-                "took SmolLM2-135M instead: every model measurement in this book is on SmolLM2-135M, a pretrained "
-                "model whose Q4_1-quantised weights are dequantised to float32. The technical reason is in each "
-                "chapter's provenance table.")
+        return ("GPT-2, the paper's model, could not be loaded on the machine that built this book (the Hugging Face "
+                "hub was unreachable), so model='auto' took SmolLM2-135M-Instruct, an instruction-tuned model whose "
+                "Q4_1-quantised weights are dequantised to float32. The technical reason is in each chapter's "
+                "provenance table.")
+
+    @property
+    def causal(self) -> bool:
+        """Whether a query row sees only the keys up to it (a decoder); False for an encoder, whose rows see all L."""
+        return bool(self.provenance.architecture["causal"])
+
+    @property
+    def layers(self) -> list[int]:
+        """The layers measured, by the book's rule for a fair comparison: those in which every query row sees all the
+        keys of its causal prefix in this window (every layer of GPT-2 and SmolLM2; on Gemma 3 a sliding-window layer
+        only while L is within its window, so at L = 1024 its 3 global layers), or, on an encoder, all L keys (every
+        layer). :meth:`capture` takes these unless told otherwise."""
+        a, L = self.provenance.architecture, self.L
+        return [layer for layer in range(a["n_layers"]) if layer not in a["sliding_layers"]
+                or a["sliding_window"] >= L]
+
+    def visible(self, layer: int | None = None) -> torch.Tensor:
+        """``(L, L)`` booleans on the capture's device: the keys each query row of ``layer`` (default: the first of
+        :attr:`layers`) sees: the causal prefix, or every key on an encoder (``loading.visible_keys``)."""
+        layer = self.layers[0] if layer is None else layer
+        return visible_keys(self.provenance.architecture, layer, self.L).to(self.input_ids.device)
+
+    @property
+    def layers_note(self) -> str:
+        """One sentence for the prose: which layers are measured and why (empty when they are all of them)."""
+        a = self.provenance.architecture
+        if len(self.layers) == a["n_layers"]:
+            return ""
+        return (f"On {self.name} only the {len(self.layers)} layers {', '.join(map(str, self.layers))} are measured: "
+                f"in its other {a['n_layers'] - len(self.layers)} layers a row sees at most the last "
+                f"{a['sliding_window']} keys (a sliding window), so at L = {self.L} a row would not see its whole "
+                "prefix, which every claim here assumes.")
 
     @property
     def n_layers(self) -> int:
-        return self.provenance.architecture["n_layers"]
+        """The number of layers measured (:attr:`layers`)."""
+        return len(self.layers)
 
     @property
     def L(self) -> int:
@@ -99,20 +132,26 @@ class Session:
     def summary(self) -> dict:
         """The facts of the model and the window, for a small table."""
         a = self.provenance.architecture
-        return {"model": self.name, "class": self.provenance.model_class, "layers": a["n_layers"],
+        measured = a["n_layers"] if len(self.layers) == a["n_layers"] else \
+            f"{a['n_layers']} ({len(self.layers)} measured: {', '.join(map(str, self.layers))})"
+        return {"model": self.name, "what it is": self.provenance.description.split(";")[0],
+                "class": self.provenance.model_class, "layers": measured,
                 "heads": a["n_heads"], "key/value heads": a["n_kv_heads"], "head dim": a["head_dim"],
                 "context": a["context_length"], "pretrained": self.provenance.pretrained,
+                "attention": "causal" if a["causal"] else "bidirectional (an encoder)",
                 "window": f"tokens {self.provenance.window_offsets[0]}..{self.provenance.window_offsets[0] + self.L - 1}"
                           f" of {self.corpus.name}"}
 
     def capture(self, *, layers: int | Iterable[int] | None = None, what: Iterable[str] = ("weights",),
                 dtype: torch.dtype = torch.float32, logit_scale: str = "raw") -> AttentionCapture:
-        """Capture ``what`` (fields of :data:`attn_utils.models.capture.FIELDS`) for ``layers`` (default all), stacked.
+        """Capture ``what`` (fields of :data:`attn_utils.models.capture.FIELDS`) for ``layers`` (default
+        :attr:`layers`, the layers measured), stacked.
 
         ``logit_scale`` is the scale of the logits: ``"raw"`` keeps ``q.k``, on which the model's temperature
         (``captured.temperature``) is ``1 / scaling``; ``"model"`` returns ``q.k * scaling``, what the model's
         softmax sees, with ``scaling`` set to 1, so that the model's temperature on that scale is 1. On both scales
         ``softmax(logits * scaling + mask)`` gives the model's weights."""
+        layers = self.layers if layers is None else layers
         captured = capture_all(self.model, self.input_ids, layers=layers, dtype=dtype, what=what)
         if logit_scale == "raw":
             return captured
@@ -148,22 +187,31 @@ class Session:
         Causal attention makes the rows t <= L of the longer window exactly those of this session's window, so one
         forward pass gives the measurements of every window length up to ``length`` (a checked value: one of
         ``p.long_lengths``, within the model's context). The first L tokens of the new window must be this session's
-        window (``RuntimeError`` otherwise). The model and the provenance are shared; the provenance records the
-        longer window. ``length == L`` returns this session."""
+        window (``RuntimeError`` otherwise; an encoder reads a new window per length: :meth:`window`). The model and
+        the provenance are shared; the provenance records the longer window. ``length == L`` returns this session."""
         if length == self.L:
             return self
+        longer = self.window(length)
+        if not self.causal or not torch.equal(longer.input_ids[:self.L], self.input_ids):
+            raise RuntimeError(f"the first {self.L} tokens of the {length}-token window are not the {self.L}-token "
+                               "window: " + ("an encoder's rows depend on the whole window" if not self.causal else
+                                             "the tokenization of the corpus is not stable"))
+        return longer
+
+    def window(self, length: int) -> "Session":
+        """The same model reading a window of ``length`` tokens (as the model reads one: its special tokens
+        included) from the same offset: on an encoder, whose rows depend on the whole window, one forward pass per
+        length. The model and the provenance are shared; the provenance records the window."""
         offset = self.provenance.window_offsets[0]
-        ids = token_windows(self.corpus, self.tokenizer, length, offset=offset)[0].to(self.input_ids.device)
-        if not torch.equal(ids[:self.L], self.input_ids):
-            raise RuntimeError(f"the first {self.L} tokens of the {length}-token window at offset {offset} are not the "
-                               f"{self.L}-token window: the tokenization of the corpus is not stable")
+        ids = model_windows(self.corpus, self.tokenizer, length, self.provenance.window, offset=offset)[0]
         self.provenance.add_corpus(self.corpus, L=length, offset=offset)
-        return replace(self, input_ids=ids)
+        return replace(self, input_ids=ids.to(self.input_ids.device))
 
     def provenance_table(self):
         """Stop the clock and return the provenance as Markdown, for the end of an experiment."""
         from IPython.display import Markdown
 
         self.provenance.finish()
-        runlog.write("provenance", runlog.notebook(), {**self.provenance.to_dict(), "notebook": runlog.notebook()})
+        runlog.write("provenance", f"{runlog.notebook()}--{self.name}".replace("/", "_"),
+                     {**self.provenance.to_dict(), "notebook": runlog.notebook()})
         return Markdown(self.provenance.to_markdown())

@@ -59,11 +59,14 @@ def weights_figure(table: pd.DataFrame) -> plt.Figure:
     return fig
 
 
-def layer_checks(weights: torch.Tensor) -> dict:
-    """For one layer's weights ``(heads, L, L)``: the largest deviation of a row sum from 1, the largest weight
-    above the diagonal, and the mean weight that the rows t >= 2 give to the first token."""
+def layer_checks(weights: torch.Tensor, visible: torch.Tensor) -> dict:
+    """For one layer's weights ``(heads, L, L)`` and the keys each row sees (``visible``, ``(L, L)`` booleans): the
+    largest deviation of a row sum from 1, the largest weight on a key the row cannot see, and the mean weight that
+    the rows t >= 2 give to the first token."""
+    hidden = ~visible.to(weights.device)
     return {"L_shown": int(weights.shape[-1]), "n_heads": int(weights.shape[0]),
-            "row_error": float((weights.sum(-1) - 1).abs().max()), "upper_max": float(weights.triu(1).abs().max()),
+            "row_error": float((weights.sum(-1) - 1).abs().max()),
+            "upper_max": float(weights.masked_fill(~hidden, 0).abs().max()),
             "first_key_share": float(weights[:, 1:, 0].mean())}
 
 
@@ -76,16 +79,18 @@ def masked_region(L: int) -> Polygon:
     return Polygon(corners, closed=True, fill=False, hatch="///", edgecolor="#7f7f7f", linewidth=0)
 
 
-def heatmaps(weights: torch.Tensor, model: str, heads: int = 4) -> plt.Figure:
+def heatmaps(weights: torch.Tensor, model: str, heads: int = 4, visible: torch.Tensor | None = None) -> plt.Figure:
     """Heat maps of the first ``heads`` heads of one layer, two per row, ticks at token positions (from 0), on a
-    square-root colour scale (small weights stay visible); keys a query cannot see (above the diagonal) are grey
-    and hatched, so a masked key is not mistaken for a zero weight."""
+    square-root colour scale (small weights stay visible); keys a query cannot see (``visible`` False; default the
+    causal mask, above the diagonal) are grey and, when causal, hatched, so a masked key is not mistaken for a zero
+    weight. An encoder's rows see every key: nothing is masked."""
     shown, L = min(heads, weights.shape[0]), weights.shape[-1]
     n_cols = min(2, shown)
     n_rows = math.ceil(shown / n_cols)
     fig, axes = plt.subplots(n_rows, n_cols, figsize=(3.3 * n_cols + 0.9, 3.2 * n_rows + 0.7), squeeze=False)
     cmap = sns.color_palette("mako_r", as_cmap=True).with_extremes(bad=MASKED_COLOUR)
-    masked = np.triu(np.ones((L, L), dtype=bool), 1)
+    masked = np.triu(np.ones((L, L), dtype=bool), 1) if visible is None else ~visible.cpu().numpy()
+    causal = bool((masked == np.triu(np.ones((L, L), dtype=bool), 1)).all())
     ticks = np.arange(0, L, max(1, L // 4))
     for h, ax in enumerate(axes.flat):
         if h >= shown:
@@ -93,11 +98,12 @@ def heatmaps(weights: torch.Tensor, model: str, heads: int = 4) -> plt.Figure:
             continue
         image = ax.imshow(np.ma.masked_array(weights[h].float().cpu().numpy(), masked), cmap=cmap,
                           norm=PowerNorm(0.5, vmin=0, vmax=1), interpolation="nearest")
-        ax.add_patch(masked_region(L))
+        if causal:
+            ax.add_patch(masked_region(L))
         ax.grid(False)
         ax.set(xticks=ticks, yticks=ticks, title=f"layer 0, head {h}", xlabel="key position $j$",
                ylabel="query position $t$" if h % n_cols == 0 else "")
     fig.colorbar(image, ax=axes, shrink=0.8, label="weight (square-root scale)")
-    figures.model_title(fig, f"Attention weights on War and Peace, first {L} tokens (grey, hatched: masked keys)",
-                        model)
+    said = "grey, hatched: masked keys" if causal else "bidirectional: every key is visible"
+    figures.model_title(fig, f"Attention weights on War and Peace, first {L} tokens ({said})", model)
     return fig
