@@ -70,7 +70,7 @@ def _complete(value: str) -> bool:
     try:
         ast.literal_eval(value)
     except (ValueError, SyntaxError):
-        return False
+        return not isinstance(build.parse_value(value), str)  # a bracketed list of bare words is complete
     return True
 
 

@@ -51,7 +51,7 @@
 # build wrote (attn_utils.book.runlog). Re-run the whole book to change what it reports.
 
 # %% tags=["hide-input"]
-from IPython.display import HTML
+from IPython.display import HTML, Markdown
 from myst_nb import glue
 
 from attn_utils.book import figures
@@ -62,18 +62,26 @@ figures.set_style()
 ledger, across = repro.ledger(), repro.windows()  # across: None unless the build was given a windows result
 
 # %% tags=["remove-cell"]
-glue_values({**repro.summary(ledger), **repro.windows_summary(ledger, across)})
+models = repro.models(ledger)
+depend = repro.depends(ledger, models)
+glue_values({**repro.summary(ledger), **repro.windows_summary(ledger, across),
+             "depend_list": "; ".join(ledger[ledger.key == k].claim.iloc[0] for k in depend) or "none"})
 glue("glance", HTML(repro.glance(ledger)), display=False)  # the first page's "results at a glance"
+glue("models_md", Markdown(repro.described()), display=False)  # the first page's list of models
 
 # %% [markdown]
 # ## The claims ledger
 #
-# The ledger holds {glue:text}`n_claims` rows: {glue:text}`n_holds` statements hold and
-# {glue:text}`n_fails` fail as written; of the empirical claims, {glue:text}`n_reproduced` are
-# reproduced, {glue:text}`n_partly_reproduced` partly, {glue:text}`n_not_reproduced` are not, and
-# {glue:text}`n_not_comparable` are not comparable. The pretrained model measured was
-# {glue:text}`ledger_models`: {glue:text}`ledger_model_is_paper`. Rows measured on synthetic data
-# do not depend on the model.
+# The ledger holds {glue:text}`n_keys` claims, {glue:text}`n_model_keys` of them measured on each of the
+# {glue:text}`n_models` pretrained models of this build ({glue:text}`ledger_models`), so
+# {glue:text}`n_claims` verdicts in all: {glue:text}`n_holds` statements hold and {glue:text}`n_fails`
+# fail as written; of the empirical verdicts, {glue:text}`n_reproduced` are reproduced,
+# {glue:text}`n_partly_reproduced` partly, {glue:text}`n_not_reproduced` are not, and
+# {glue:text}`n_not_comparable` are not comparable. Of the model claims, {glue:text}`n_same` have the same
+# verdict on every model and {glue:text}`n_depend` depend on the model: {glue:text}`depend_list`. Where a
+# verdict depends on the model, it says as much about the model as about the paper. Of the models,
+# {glue:text}`ledger_model_is_paper`. Rows measured on synthetic data do not depend on the model (column
+# *synthetic*).
 #
 # Each row states the rule that decided its verdict, written as a condition on the values that its
 # chapter measured. The rules are data (one file per chapter in `attn_utils/book/ledger/`), so a
@@ -92,8 +100,8 @@ figures.glue_figure("fig_ch5_verdicts", repro.verdict_figure(ledger))
 #   count written on each segment and the legend beside the bars.
 # ---
 #
-# **Verdicts per chapter in this build** (model measured: {glue:text}`ledger_models`). Each segment counts
-# the ledger rows of one chapter with one verdict, in the colour its badge has everywhere in the book. Look
+# **Verdicts per chapter in this build** (models measured: {glue:text}`ledger_models`). Each segment counts
+# the verdicts of one chapter (one per claim and model) with one verdict, in the colour its badge has everywhere in the book. Look
 # at the share of *holds* against *fails* for the mathematical statements, and of *reproduced* against
 # *not reproduced* for the measurements.
 # ```
@@ -157,18 +165,21 @@ table(table_1)
 #
 # ```{admonition} What this means
 # A row marked *reproduced* says that the measured behaviour matches the paper's description by the
-# rule stated in its row, **on the model named in the row**. Where that model is not GPT-2 small,
-# the verdict is evidence about softmax attention in a similar pretrained decoder, not a replication of
-# the paper's exact numbers; building the book where GPT-2 can be loaded (`model="gpt2"`) turns the same
-# rules on the paper's model.
+# rule stated in its row, **on the model of its column**. Where that model is not GPT-2 small, the
+# verdict is evidence about softmax attention in another pretrained transformer, not a replication of the
+# paper's exact numbers; a verdict that changes from model to model belongs to the model at least as much as to
+# the paper. Building the book where GPT-2 can be loaded takes it first (`make book PARAMS="models=[gpt2]"` for
+# it alone), under the same rules.
 # ```
 #
 # ## Key takeaways
 #
-# - This build's ledger has {glue:text}`n_claims` rows: {glue:text}`n_holds` statements hold and
-#   {glue:text}`n_fails` fail as written; {glue:text}`n_reproduced` empirical claims are reproduced,
-#   {glue:text}`n_partly_reproduced` partly and {glue:text}`n_not_reproduced` not.
-# - The pretrained model measured was {glue:text}`ledger_models`: {glue:text}`ledger_model_is_paper`.
+# - This build's ledger has {glue:text}`n_claims` verdicts ({glue:text}`n_keys` claims, the model claims on
+#   each of {glue:text}`ledger_models`): {glue:text}`n_holds` statements hold and {glue:text}`n_fails` fail as
+#   written; {glue:text}`n_reproduced` empirical verdicts are reproduced, {glue:text}`n_partly_reproduced`
+#   partly and {glue:text}`n_not_reproduced` not.
+# - {glue:text}`n_same` model claims have the same verdict on every model, {glue:text}`n_depend` depend on it;
+#   of the models, {glue:text}`ledger_model_is_paper`.
 # - Every verdict comes from a rule stated beside it, and every model run is identified by the hashes of its
 #   weights and corpus; the paper's algorithms took {glue:text}`ours_total_s` s here, against
 #   {glue:text}`paper_total_h` hours on the paper's laptop.

@@ -47,10 +47,14 @@ class NotebookFailed(RuntimeError):
 
 
 def parse_value(text: str) -> Any:
-    """Read a command-line value as a Python literal (``5``, ``1e-3``, ``[32, 64]``, ``None``), else a string."""
+    """Read a command-line value as a Python literal (``5``, ``1e-3``, ``[32, 64]``, ``None``), else a string; a
+    bracketed list of bare words reads as a list of strings (``[smollm2-135m,minilm-l6]``)."""
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
+        inner = text.strip()
+        if inner.startswith("[") and inner.endswith("]") and inner.count("[") == 1 and inner.count("]") == 1:
+            return split_values(inner[1:-1])
         return text
 
 

@@ -33,6 +33,7 @@ import yaml
 from attn_utils.book import runlog
 from attn_utils.book.formatting import fmt, scalar
 
+SYNTHETIC = "synthetic"  # the model of a row measured on synthetic data
 VERDICTS = ("reproduced", "partly reproduced", "not reproduced", "not comparable", "holds", "fails")
 LEDGER_DIR = Path(__file__).resolve().parent / "ledger"
 

@@ -31,26 +31,61 @@ def ledger() -> pd.DataFrame:
     return rows
 
 
+def models(rows: pd.DataFrame | None = None) -> tuple[str, ...]:
+    """The models of this build, first the one the chapters' pages show (the build's record; else those of ``rows``)."""
+    found = runlog.read("build")
+    if found:
+        return tuple(found[0]["models"])
+    return tuple(sorted(set(rows.model) - {claims.SYNTHETIC})) if rows is not None else ()
+
+
+def depends(rows: pd.DataFrame, measured: tuple[str, ...]) -> list[str]:
+    """The claims measured on a model whose verdict is not the same on every model of ``measured`` (a model on which
+    the claim was not recorded counts as a different verdict)."""
+    model_rows = rows[rows.model != claims.SYNTHETIC]
+    return [key for key, group in model_rows.groupby("key", sort=False)
+            if len(measured) > 1 and (group.verdict.nunique() > 1 or set(group.model) != set(measured))]
+
+
 def summary(rows: pd.DataFrame) -> dict:
-    """Counts per verdict (``n_<verdict>``), the number of rows, and the pretrained models measured."""
+    """Counts per verdict (``n_<verdict>``) over the rows (one per claim and model), the number of claims and of rows,
+    the pretrained models measured and how many model claims depend on the model."""
     counts = rows.verdict.value_counts()
-    models = sorted(set(rows.model) - {"synthetic"})
-    return {"n_claims": len(rows), **{f"n_{v.replace(' ', '_')}": int(counts.get(v, 0)) for v in claims.VERDICTS},
-            "ledger_models": ", ".join(models) if models else "no pretrained model",
-            "ledger_model_is_paper": "the same model as the paper" if models == [PAPER_MODEL] else
-            "not the paper's GPT-2 small, so every empirical verdict is about a different pretrained model"}
+    measured = models(rows)
+    keys = rows[rows.model != claims.SYNTHETIC].key.unique()
+    changed = depends(rows, measured)
+    paper = ("one of them is the paper's GPT-2 small" if PAPER_MODEL in measured else
+             "none of them is the paper's GPT-2 small, so every empirical verdict is about other pretrained models")
+    return {"n_claims": len(rows), "n_keys": rows.key.nunique(), "n_model_keys": len(keys),
+            **{f"n_{v.replace(' ', '_')}": int(counts.get(v, 0)) for v in claims.VERDICTS},
+            "n_models": len(measured), "n_depend": len(changed), "n_same": len(keys) - len(changed),
+            "ledger_models": ", ".join(measured) if measured else "no pretrained model",
+            "ledger_model_is_paper": paper}
 
 
 def table(rows: pd.DataFrame, across: dict | None = None):
-    """The ledger for reading (:func:`attn_utils.book.formatting.table`): one coloured verdict per row, the rule
-    that decided it beside the values; with ``across`` (:func:`windows`), the column of :func:`stability` after the
-    verdict."""
-    columns = ["verdict", "chapter", "claim", "paper", "ours", "rule", "model"]
-    shown = rows[columns].map(html.escape)  # "N << L"
-    if across is not None:
-        shown.insert(1, stability_column(across), stability(rows, across).map(html.escape))
-    return formatted(shown).map(lambda v: f"background-color: {figures.VERDICT_COLOURS.get(v, '')}",
-                                subset=["verdict"])
+    """The ledger for reading (:func:`attn_utils.book.formatting.table`): one row per claim, a coloured verdict per
+    model (``synthetic`` for the statements checked on synthetic data) with what was measured, the rule that
+    decided it; with ``across`` (:func:`windows`), the column of :func:`stability` of the first model."""
+    measured = models(rows)
+    columns = [claims.SYNTHETIC, *measured]
+    first = rows.drop_duplicates("key").set_index("key")
+    wide = pd.DataFrame({"chapter": first.chapter, "claim": first.claim, "paper": first.paper})
+    for m in columns:
+        own = rows[rows.model == m].set_index("key")
+        wide[m] = [f"{own.verdict[k]}: {own.ours[k]}" if k in own.index else "" for k in wide.index]
+    wide = wide.loc[:, [c for c in wide.columns if c not in columns or (wide[c] != "").any()]]
+    if across is not None and measured:
+        lead = rows[rows.model.isin([measured[0], claims.SYNTHETIC])].drop_duplicates("key").set_index("key")
+        wide[stability_column(across)] = stability(lead.reset_index(), across).set_axis(lead.index) \
+            .reindex(wide.index).fillna("")
+    wide["rule"] = first.rule
+    shown = wide.reset_index(drop=True).map(html.escape)  # "N << L"
+
+    def colour(v: str) -> str:
+        return f"background-color: {figures.VERDICT_COLOURS.get(v.split(':', 1)[0], '')}"
+
+    return formatted(shown).map(colour, subset=[c for c in columns if c in shown.columns])
 
 
 def windows() -> dict | None:
@@ -125,8 +160,8 @@ def verdict_figure(rows: pd.DataFrame) -> plt.Figure:
     ax.set(xlabel="rows of the ledger", ylabel="", xlim=(0, 1.02 * counts.sum(axis=1).max()))
     ax.grid(False, axis="y")
     ax.legend(title="verdict", loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
-    models = sorted(set(rows.model) - {"synthetic"})
-    figures.model_title(fig, "Verdicts per chapter", ", ".join(models) or "synthetic only")
+    figures.model_title(fig, "Verdicts per chapter, every model of the build", ", ".join(models(rows)) or
+                        "synthetic only")
     return fig
 
 
@@ -156,7 +191,9 @@ def environment() -> dict:
 def table1() -> pd.DataFrame:
     """The paper's Table 1 beside the wall time this build spent in each algorithm (checks included), and the ratio
     paper time / our time (NaN where the algorithm did not run in this build)."""
-    timings = pd.DataFrame(runlog.read("timings"), columns=["algorithm", "notebook", "seconds"])
+    lead = (models() or ("",))[0]
+    timings = pd.DataFrame(runlog.read("timings"), columns=["algorithm", "notebook", "model", "seconds"])
+    timings = timings[timings.model.fillna("").isin(["", lead])]  # the chapters' pages: the first model
     timings["algorithm"] = timings.algorithm.replace({"Algorithm 1": "Algorithms 1-2", "Algorithm 2": "Algorithms 1-2"})
     ours = timings.groupby("algorithm").seconds.sum()
     return pd.DataFrame([{
@@ -173,15 +210,40 @@ def totals(table_1: pd.DataFrame) -> dict:
 
 
 def glance(rows: pd.DataFrame, link_prefix: str = "../notebooks/") -> str:
-    """The book's first page: an HTML table with one row per headline claim of the paper (what the paper says,
-    what this build measured, the verdict as a coloured badge, a link to the chapter), in chapter order."""
-    headline = [key for key, spec in claims.specs().items() if spec.headline]
-    shown = rows[rows.key.isin(headline)].sort_values(["chapter", "key"])
-    head = "".join(f"<th>{h}</th>" for h in ("claim of the paper", "the paper", "this build", "verdict", "chapter"))
+    """The book's first page: an HTML table with one row per headline claim of the paper and per claim that fails
+    (what the paper says, the verdict on each model of the build as a coloured badge with the number measured,
+    whether the verdict is the same on every model, a link to the chapter), in chapter order."""
+    shown_keys = [key for key, spec in claims.specs().items() if spec.headline
+                  or (rows[rows.key == key].verdict == "fails").any()]
+    measured = models(rows)
+    changed = set(depends(rows, measured))
+    first = rows[rows.key.isin(shown_keys)].drop_duplicates("key").sort_values(["chapter", "key"])
+    synthetic = any(rows[rows.key.isin(shown_keys)].model == claims.SYNTHETIC)
+    columns = [*([claims.SYNTHETIC] if synthetic else []), *measured]
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in ("claim of the paper", "the paper", *columns,
+                                                            "same on every model?", "chapter"))
     body = []
-    for r in shown.itertuples():
-        badge = f'<span class="verdict verdict-{r.verdict.replace(" ", "-")}">{html.escape(r.verdict)}</span>'
-        link = f'<a href="{link_prefix}{r.chapter}.html">{html.escape(r.chapter.split("_", 1)[1])}</a>'
-        cells = [html.escape(r.claim), html.escape(r.paper), html.escape(r.ours), badge, link]
+    for r in first.itertuples():
+        cells = [html.escape(r.claim), html.escape(r.paper)]
+        for m in columns:
+            own = rows[(rows.key == r.key) & (rows.model == m)]
+            if own.empty:
+                cells.append("")
+                continue
+            v = own.iloc[0]
+            cells.append(f'<span class="verdict verdict-{v.verdict.replace(" ", "-")}">{html.escape(v.verdict)}'
+                         f'</span><br><small>{html.escape(v.ours)}</small>')
+        model_rows = rows[(rows.key == r.key) & (rows.model != claims.SYNTHETIC)]
+        cells.append("" if model_rows.empty else "no: it depends on the model" if r.key in changed else "yes")
+        cells.append(f'<a href="{link_prefix}{r.chapter}.html">{html.escape(r.chapter.split("_", 1)[1])}</a>')
         body.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-    return (f'<table class="glance"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>')
+    return (f'<div class="wide-table"><table class="glance"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(body)}</tbody></table></div>')
+
+
+def described() -> str:
+    """The models of the build as a Markdown list for the first page: each name and what it is (its provenance)."""
+    seen: dict[str, str] = {}
+    for r in runlog.read("provenance"):
+        seen.setdefault(r["model"], r.get("description", ""))
+    return "\n".join(f"- **{m}**: {seen.get(m, 'not measured in this build')}" for m in models()) + "\n"
