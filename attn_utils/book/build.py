@@ -378,7 +378,7 @@ def build_book(parameters: dict[str, Any] | None = None, *, root: Path = ROOT, o
         runs.sort(key=lambda run: reads_run_records(run[0]))  # the ledger last; each list keeps its order
         for i, (nb, m, target, q) in enumerate(runs, 1):
             label = nb.stem if m is None else f"{nb.stem} on {m}"
-            print(f"[{i}/{len(runs)}] {label} {own[nb] or ''}", flush=True)
+            print(f"[{i}/{len(runs)}] {label} {dict(q.given) if m else own[nb] or ''}", flush=True)
             executions[label] = run_notebook(nb, target, q, run_dir=run_dir, cache=cache, reuse=reuse,
                                              progress=progress, reads_records=reads_run_records(nb))
             print(f"[{i}/{len(runs)}] {label} {executions[label]}", flush=True)

@@ -80,14 +80,18 @@ def window_runs(notebooks: list[str], parameters: dict[str, Any], starts: list[i
 def plan(k: int, notebooks: list[str], parameters: dict[str, Any]):
     """What :func:`run_windows` will run, checked (nothing is executed; the preflight is not run here): the corpus,
     the windows' first chapters, each notebook's common parameters (:func:`window_runs`) and its sweep grid (those,
-    ``chapters = [c_k, n]`` for each window and ``offset = 0``)."""
+    ``chapters = [c_k, n]`` for each window and ``offset = 0``; with ``models`` (a list, or ``'auto'``:
+    :func:`~attn_utils.book.params.book_models`), ``model`` takes each of them: claims x models x windows)."""
+    from attn_utils.book.params import book_models
     from attn_utils.models.corpus import load_text
 
+    parameters = dict(parameters)
+    models = book_models(parameters.pop("models")) if "models" in parameters else None
     corpus = parameters.get("corpus", "war-and-peace")
     text = load_text(None if corpus == "war-and-peace" else corpus)
     starts = choose_windows(k, text.n_chapters)
     common = window_runs(notebooks, parameters, starts, text.n_chapters)
-    grids = {nb: {**{name: [v] for name, v in common[nb].items()},
+    grids = {nb: {**{name: [v] for name, v in common[nb].items()}, **({"model": list(models)} if models else {}),
                   "chapters": [[c, text.n_chapters] for c in starts], "offset": [0]} for nb in notebooks}
     return text, starts, common, grids
 
@@ -105,17 +109,17 @@ def headline(key: str, values: dict[str, Any]) -> str | None:
 
 
 def aggregate(records: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Per claim key (in chapter, key order), from ``records[w]`` = the claim records of window ``w``:
+    """Per claim key and model (in chapter, key order), from ``records[w]`` = the claim records of window ``w``:
     ``verdicts`` (one per window, None where the window recorded none), ``stable`` (recorded in every window, with
     one verdict), ``seen`` (the distinct verdicts, first-seen order), ``headline`` (:func:`headline`), and
     ``values``: for each value recorded as a number in every window that has the claim, its ``median``, ``min``,
     ``max`` and ``per_window`` (None where missing)."""
-    by_key: dict[str, list[dict[str, Any] | None]] = {}
+    by_key: dict[tuple[str, str], list[dict[str, Any] | None]] = {}
     for w, window in enumerate(records):
         for record in window:
-            by_key.setdefault(record["key"], [None] * len(records))[w] = record
+            by_key.setdefault((record["key"], record["model"]), [None] * len(records))[w] = record
     out = []
-    for key, per_window in by_key.items():
+    for (key, _), per_window in by_key.items():
         present = [r for r in per_window if r is not None]
         verdicts = [r["verdict"] if r else None for r in per_window]
         seen = list(dict.fromkeys(v for v in verdicts if v is not None))
@@ -128,7 +132,7 @@ def aggregate(records: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
         out.append({"key": key, "chapter": present[0]["chapter"], "model": present[0]["model"],
                     "verdicts": verdicts, "stable": None not in verdicts and len(seen) == 1, "seen": seen,
                     "headline": headline(key, present[0]["values"]), "values": values})
-    return sorted(out, key=lambda c: (c["chapter"], c["key"]))
+    return sorted(out, key=lambda c: (c["chapter"], c["key"], c["model"]))
 
 
 def table(result: dict[str, Any]) -> pd.DataFrame:
@@ -158,7 +162,10 @@ def run_windows(k: int = DEFAULT_K, out: Path = Path("runs/windows"), *, noteboo
     text, starts, common, grids = plan(k, notebooks, dict(parameters or {}))
     sources = {nb: build.resolve_notebook(nb) for nb in notebooks}
     combos = {nb: sweep.combinations(grids[nb]) for nb in notebooks}
-    checked = iter(build.preflight([(sources[nb], combo) for nb in notebooks for combo in combos[nb]]))
+    several = "models" in (parameters or {})  # each model reads as much of the window as its context holds
+    facts: dict = {}
+    checked = iter(build.check_parameters(sources[nb], combo, cache=facts, on=combo["model"] if several else None)
+                   for nb in notebooks for combo in combos[nb])
     todo = {nb: [(combo, next(checked)) for combo in combos[nb]] for nb in notebooks}
     failures = []
     for i, nb in enumerate(notebooks, 1):
@@ -169,12 +176,14 @@ def run_windows(k: int = DEFAULT_K, out: Path = Path("runs/windows"), *, noteboo
         except build.NotebookFailed as exc:
             failures.append(f"{nb}: {exc}")
     records, runs = [[] for _ in starts], {}
+    window_of = {tuple(c): w for w, c in enumerate([c, text.n_chapters] for c in starts)}
     for nb in notebooks:
         runs[nb] = []
-        for w, combo in enumerate(combos[nb]):
+        for combo in combos[nb]:
+            w = window_of[tuple(combo["chapters"])]
             folder = sweep.run_folder(sources[nb], combo, out)
             status = json.loads((folder / "status.json").read_text()) if (folder / "status.json").is_file() else {}
-            runs[nb].append({"chapter": starts[w], "run": folder.relative_to(out).as_posix(),
+            runs[nb].append({"chapter": starts[w], "model": combo.get("model"), "run": folder.relative_to(out).as_posix(),
                              "status": status.get("status", "not run"), "seconds": status.get("seconds")})
             if status.get("status") == "ok":
                 records[w] += runlog.read("claims", folder)

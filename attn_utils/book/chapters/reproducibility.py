@@ -104,12 +104,12 @@ def stability(rows: pd.DataFrame, across: dict) -> pd.Series:
     else ``no`` with the verdicts seen and how often (``not recorded`` for a window whose run failed), then the
     median [min, max] across windows of its headline number (the first value its rule names); ``not measured``
     for a model claim the windows lack; empty for synthetic rows, which do not depend on the window."""
-    by_key = {c["key"]: c for c in across["claims"]}
+    by_key = {(c["key"], c["model"]): c for c in across["claims"]}
 
     def text(key: str, model: str) -> str:
-        if model == "synthetic":
+        if model == claims.SYNTHETIC:
             return ""
-        c = by_key.get(key)
+        c = by_key.get((key, model))
         if c is None:
             return "not measured"
         counts = Counter(v or "not recorded" for v in c["verdicts"])
