@@ -153,3 +153,19 @@ def test_windows_sweep_claims_by_models_by_windows():
     out = windows.aggregate([[rec("a", "reproduced"), rec("b", "reproduced")],
                              [rec("a", "reproduced"), rec("b", "not reproduced")]])
     assert [(c["model"], c["stable"]) for c in out] == [("a", True), ("b", False)]
+
+
+def test_a_run_on_another_model_checks_less_and_records_no_synthetic_claim(tmp_path, monkeypatch):
+    monkeypatch.setattr(params._FactReader, "read", lambda self, name, known: {"context": 8192}.get(name))
+    q = params.resolve_on("gemma3-270m", {"model": "auto", "L": 64, "n_trials": 3000, "N": 5}, notebook="ch2_distance")
+    assert q.n_trials == params.SHORT_SYNTHETIC["ch2_distance"]["n_trials"] and q.facts["variant"] is True
+    small = params.resolve_on("gemma3-270m", {"model": "auto", "L": 64, "n_trials": 20}, notebook="ch2_distance")
+    assert small.n_trials == 20  # never more than asked
+    assert "variant" not in params.resolve_on("gemma3-270m", {"model": "auto", "L": 64}).facts
+    monkeypatch.setenv(runlog.RUN_DIR_ENV, str(tmp_path))
+    spec = claims.ClaimSpec("ch9-a", "ch9_x", "c", "p", "o", claims.Rule.parse(["otherwise holds"]))
+    monkeypatch.setattr(claims, "specs", lambda: {"ch9-a": spec})
+    monkeypatch.setenv(runlog.VARIANT_ENV, "1")
+    claims.record("ch9-a", model=claims.SYNTHETIC)
+    claims.record("ch9-a", model="gemma3-270m")
+    assert claims.load().model.tolist() == ["gemma3-270m"]

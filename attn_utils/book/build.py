@@ -99,10 +99,11 @@ def _parameters_cell(src: Path, mtime_ns: int, size: int) -> dict[str, Any]:
 
 
 def check_parameters(src: Path, parameters: dict[str, Any], *, cache: dict | None = None,
-                     on: str | None = None) -> Parameters:
+                     on: str | None = None, variant: bool = False) -> Parameters:
     """The values ``src`` will use with ``parameters`` over its defaults: checked once against the specification,
     its rules and the facts they read (:func:`attn_utils.book.params.resolve`; ``cache`` keeps the models, tokenizers
-    and texts read between runs; ``on``: another model of the build, :func:`~attn_utils.book.params.resolve_on`). A
+    and texts read between runs; ``on``: another model, :func:`~attn_utils.book.params.resolve_on`, and with
+    ``variant`` a build's run of the notebook on it, whose synthetic parts are not shown). A
     parameter the notebook does not declare, or an invalid value, is a ``ValueError`` naming the notebook and the
     parameter (and, where it is one, the default)."""
     declared = notebook_parameters(src)
@@ -111,7 +112,7 @@ def check_parameters(src: Path, parameters: dict[str, Any], *, cache: dict | Non
         raise ValueError(f"{src.stem} has no parameter {unknown[0]!r}; its parameters are {sorted(declared)}")
     try:
         if on is not None:
-            return resolve_on(on, {**declared, **parameters}, cache=cache)
+            return resolve_on(on, {**declared, **parameters}, cache=cache, notebook=src.stem if variant else None)
         return resolve({**declared, **parameters}, cache=cache)
     except ParameterError as err:
         facts = set(err.names) & set(FACTS)
@@ -167,6 +168,7 @@ def execute_notebook(src: Path, out: Path, p: Parameters, *, run_dir: Path | Non
         checked.write_text(p.to_json())
         env = {runlog.NOTEBOOK_ENV: src.stem, PARAMETERS_ENV: str(checked),
                runlog.MODEL_ENV: p.model_name if "model" in p else "",
+               runlog.VARIANT_ENV: "1" if p.facts.get("variant") else "",
                **({runlog.RUN_DIR_ENV: str(run_dir)} if run_dir is not None else {})}
         nb_in = Path(tmp) / f"{src.stem}.ipynb"
         nbformat.write(nb, nb_in)
@@ -353,7 +355,7 @@ def build_book(parameters: dict[str, Any] | None = None, *, root: Path = ROOT, o
             own[nb]["model"] = models[0]
     checked = dict(zip(notebooks, preflight(own.items(), cache=facts)))
     # every model chapter is executed again on each other model of the build (its last section and the ledger)
-    variants = {nb: {m: check_parameters(nb, own[nb], cache=facts, on=m) for m in models[1:]}
+    variants = {nb: {m: check_parameters(nb, own[nb], cache=facts, on=m, variant=True) for m in models[1:]}
                 for nb in notebooks if "model" in declared[nb]}
 
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -212,8 +212,11 @@ def _plain(value: Any) -> Any:
 
 def record(key: str, *, model: str, **values: Any) -> Claim:
     """Judge claim ``key`` on ``values`` and write its row to the run folder, one per claim and model (re-running
-    replaces it)."""
+    replaces it). A synthetic claim of a build's run on another model is not written: its page's run records it, at
+    the sizes the page shows."""
     claim = judge(key, model=model, **values)
+    if model == SYNTHETIC and runlog.variant():
+        return claim
     runlog.write("claims", f"{claim.key}--{model}".replace("/", "_"), {**asdict(claim), "notebook": runlog.notebook()})
     return claim
 

@@ -330,18 +330,36 @@ def resolve(values: Mapping[str, Any], *, cache: dict | None = None) -> Paramete
     return _check(dict(values), _FactReader({} if cache is None else cache).read)
 
 
-def resolve_on(model: str, values: Mapping[str, Any], *, cache: dict | None = None) -> Parameters:
+#: the sizes of the synthetic checks in runs whose synthetic parts are not shown (the windows of attn-companion windows,
+#: a build's executions on its other models): a tenth of the defaults; the model parts do not read them
+SHORT_SYNTHETIC = {
+    "ch1_vanishing": {"n_trials": 20},
+    "ch2_distance": {"n_trials": 300, "n_samples": 64},
+    "ch3_separability": {"n_trials": 10},
+    "ch4_gradient": {"n_trials": 300},
+    "ch6_beyond": {"n_trials": 20},
+}
+
+
+def resolve_on(model: str, values: Mapping[str, Any], *, cache: dict | None = None,
+               notebook: str | None = None) -> Parameters:
     """:func:`resolve` of a notebook's ``values`` on another model of the build (not the first): its ``L`` is lowered
     to that model's context where it exceeds it (an encoder of 512 positions reads 512 tokens where the book's pages
     read 1024), and the rules derive the rest from that (the lengths above L dropped...). The first model keeps the
-    given L, which must fit its context."""
+    given L, which must fit its context. With ``notebook``, a run of the build on another model: its synthetic checks
+    run at most at :data:`SHORT_SYNTHETIC` (they are shown, and recorded, by the page's run) and the fact ``variant`` says
+    so (the notebook then records no synthetic claim)."""
     values = {**values, "model": model}
+    for name, short in SHORT_SYNTHETIC.get(notebook or "", {}).items():
+        if name in values and _is_int(values[name]):
+            values[name] = min(values[name], short)
     if "L" in values and _is_int(values["L"], 2):
         cache = {} if cache is None else cache
         context = _FactReader(cache).read("context", values)
         if context is not None and values["L"] > context:
             values["L"] = context
-    return resolve(values, cache=cache)
+    q = resolve(values, cache=cache)
+    return q if notebook is None else Parameters(q._values, q.given, {**q.facts, "variant": True})
 
 
 def _check(values: dict[str, Any], fact: Callable[[str, dict], Any]) -> Parameters:

@@ -16,6 +16,7 @@ from typing import Any
 RUN_DIR_ENV = "ATTN_COMPANION_RUN_DIR"
 NOTEBOOK_ENV = "ATTN_COMPANION_NOTEBOOK"
 MODEL_ENV = "ATTN_COMPANION_MODEL"
+VARIANT_ENV = "ATTN_COMPANION_VARIANT"  # "1": a build's run of a chapter on another model than its page's
 
 
 def run_dir() -> Path:
@@ -31,6 +32,12 @@ def notebook() -> str:
 def model() -> str:
     """The model the notebook being executed measures (``$ATTN_COMPANION_MODEL``, set by the build; ``""`` without)."""
     return os.environ.get(MODEL_ENV, "")
+
+
+def variant() -> bool:
+    """Whether the notebook being executed is a build's run on another model than the page's (its synthetic checks
+    ran at reduced sizes and are neither shown nor recorded)."""
+    return os.environ.get(VARIANT_ENV) == "1"
 
 
 def write(kind: str, key: str, payload: dict[str, Any], folder: Path | None = None) -> Path:

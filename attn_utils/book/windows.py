@@ -29,18 +29,11 @@ import pandas as pd
 
 from attn_utils.book import build, claims, runlog, sweep
 from attn_utils.book.formatting import is_number
+from attn_utils.book.params import SHORT_SYNTHETIC
 
 DEFAULT_K = 8
 MODEL_CHAPTERS = ("ch1_vanishing", "ch2_distance", "ch3_separability", "ch4_gradient")
 OPTIONAL_CHAPTERS = ("ch6_beyond",)
-# the synthetic checks run the same in every window: a tenth of the defaults keeps the K runs short
-SHORT_SYNTHETIC = {
-    "ch1_vanishing": {"n_trials": 20},
-    "ch2_distance": {"n_trials": 300, "n_samples": 64},
-    "ch3_separability": {"n_trials": 10},
-    "ch4_gradient": {"n_trials": 300},
-    "ch6_beyond": {"n_trials": 20, "n_samples": 20},
-}
 SET_HERE = ("chapters", "offset")  # each window's own values, never given with -p
 RESULT = "windows.json"
 
