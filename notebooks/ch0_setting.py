@@ -80,6 +80,7 @@ figures.set_style()
 #
 # ```{prf:definition} General normalization (Eq. (3))
 # :label: def-general-normalization
+# :nonumber:
 #
 # Let $F(\cdot,\theta)$ be a smooth, strictly positive function of a logit, with parameters $\theta$
 # (a temperature, for instance). The weights of a query with logits $l_1,\dots,l_L$ are

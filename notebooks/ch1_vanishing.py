@@ -78,13 +78,14 @@ gen = torch.Generator().manual_seed(p.seed)  # one stream for every synthetic dr
 # %% [markdown]
 # ## The statement
 #
-# Recall the general normalization of Eq. (3) ({prf:ref}`def-general-normalization` in
+# Recall the general normalization of Eq. (3) ({prf:ref}`its definition <def-general-normalization>` in
 # {doc}`ch0_setting`): a row of logits $l_1,\dots,l_L$ becomes the weights
 # $\alpha_i = F(l_i,\theta)/\sum_j F(l_j,\theta)$ for a positive function $F$ with parameters
 # $\theta$.
 #
 # ```{prf:lemma} Vanishing attention: the paper's Lemma 1 (formula recovered)
 # :label: ch1-lemma1
+# :nonumber:
 #
 # Let $F(\cdot,\theta)$ be continuous and strictly positive, with parameters $\theta$ that do not
 # involve the number of keys $L$. Suppose every logit lies in $[-a,a]$. Put
@@ -125,6 +126,7 @@ gen = torch.Generator().manual_seed(p.seed)  # one stream for every synthetic dr
 #
 # ```{prf:corollary} Softmax: the paper's Corollary 1 (recovered formula; our reading of $\|k\|$)
 # :label: ch1-cor1
+# :nonumber:
 #
 # Let $\alpha=\operatorname{softmax}(l/T)$ with $l_i=q^\top k_i$, $i=1,\dots,L$, and put
 # $\Delta=\|q\|_2\,\max_j\|k_j\|_2$. Then
@@ -140,7 +142,7 @@ gen = torch.Generator().manual_seed(p.seed)  # one stream for every synthetic dr
 #
 # ```{prf:proof}
 # By Cauchy–Schwarz, $|l_i|=|q^\top k_i|\le\|q\|\,\|k_i\|\le\Delta$, so every logit lies in
-# $[-\Delta,\Delta]$. Apply {prf:ref}`ch1-lemma1` with $a=\Delta$ and the increasing function
+# $[-\Delta,\Delta]$. Apply {prf:ref}`Lemma 1 <ch1-lemma1>` with $a=\Delta$ and the increasing function
 # $F(l)=e^{l/T}$: $m_F=e^{-\Delta/T}$, $M_F=e^{\Delta/T}$, and $C_2=1/C_1=e^{2\Delta/T}$.
 # ```
 #
@@ -192,13 +194,13 @@ figures.glue_figure("fig_ch1_lemma1", vanishing.plot_lemma1(lemma1, a=f1["a_fig"
 #
 # **Lemma 1 on synthetic rows** (no model; logits in $[-a,a]$ with $a=${glue:text}`a_fig`). Each panel
 # is one function $F$; the dashed lines are the envelope $C_2/L$ (top) and $C_1/L$ (bottom) of
-# {prf:ref}`ch1-lemma1`, and the thin grey line is weight 1. Look for any marker outside its envelope,
+# {prf:ref}`Lemma 1 <ch1-lemma1>`, and the thin grey line is weight 1. Look for any marker outside its envelope,
 # and at how close the largest and smallest weights come to the dashed lines as $L$ grows.
 # ```
 #
 # Over {glue:text}`lemma1_cases` synthetic rows ({glue:text}`lemma1_n_F` functions $F$,
 # {glue:text}`lemma1_n_L` lengths up to {glue:text}`lemma1_Lmax`, logit bounds $a$ = {glue:text}`a_grid`),
-# the number of rows outside the bounds of {prf:ref}`ch1-lemma1` is **{glue:text}`lemma1_violations`** (verdict:
+# the number of rows outside the bounds of {prf:ref}`Lemma 1 <ch1-lemma1>` is **{glue:text}`lemma1_violations`** (verdict:
 # {glue:text}`lemma1_verdict`). The tightest row reaches {glue:text}`lemma1_tightest` of its bound:
 # the extreme rows approach the bound as $L$ grows, as the remark after the proof predicts. A typical
 # row with uniform logits is much further from it (median tightness {glue:text}`lemma1_uniform_median`).
@@ -248,6 +250,7 @@ _ = glue_values({**f2, "cor1_tightest": fmt(f2["cor1_tightest"], 6), "cor1_verdi
 #
 # ```{prf:remark} Length-aware and sparse normalizers
 # :label: ch1-escape
+# :nonumber:
 #
 # * **Scalable softmax** {cite}`nakanishi2025scalable` multiplies the logits by $s\log n$, where $n$
 #   is the number of keys the row sees. It is Eq. (3) with $F(l,\theta)=\exp(s\log(n)\,l/T)=n^{sl/T}$,

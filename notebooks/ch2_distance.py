@@ -93,6 +93,7 @@ gen = torch.Generator().manual_seed(seed)  # every synthetic draw below comes fr
 #
 # ```{prf:definition} Top-$N$ set, its weight and its context vector
 # :label: ch2-def-topn
+# :nonumber:
 #
 # For $1\le N\le L-1$ the **top-$N$ set** $I_N\subset\{1,\dots,L\}$ holds the indices of the $N$
 # largest weights (ties go to the earlier key); $U_N=\{1,\dots,L\}\setminus I_N$ is the set of the
@@ -113,6 +114,7 @@ gen = torch.Generator().manual_seed(seed)  # every synthetic draw below comes fr
 #
 # ```{prf:definition} Cumulative distance $\tilde d$ (our reading of Eq. (7))
 # :label: ch2-def-distance
+# :nonumber:
 #
 # $$
 # \tilde d \;=\; \sum_{i\in U_N}\big\|\alpha_i x_i - s\big\|_2
@@ -146,6 +148,7 @@ gen = torch.Generator().manual_seed(seed)  # every synthetic draw below comes fr
 #
 # ```{prf:theorem} Theorem 1, fixed top-$N$ set (our completion of a truncated formula)
 # :label: ch2-thm1-fixed
+# :nonumber:
 #
 # Let $\alpha_1,\dots,\alpha_L\ge0$ with $\sum_i\alpha_i=1$, let $I\subset\{1,\dots,L\}$ have $N$
 # elements, $1\le N\le L-1$, $U$ its complement, and suppose $\bar\alpha_N=\sum_{j\in I}\alpha_j\ge\alpha_i$
@@ -198,6 +201,7 @@ gen = torch.Generator().manual_seed(seed)  # every synthetic draw below comes fr
 #
 # ```{prf:theorem} Theorem 1, uniformly random $N$-set (our reconstruction)
 # :label: ch2-thm1-random
+# :nonumber:
 #
 # Let $\alpha_i\ge0$, $x_i\in\mathbb R^d$, $1\le N\le L-1$, let $I$ be uniform over the $N$-subsets of
 # $\{1,\dots,L\}$, $s_I=\sum_{j\in I}\alpha_j x_j$ and $\tilde d(I)=\sum_{i\notin I}\|\alpha_i x_i-s_I\|$.
@@ -241,6 +245,7 @@ gen = torch.Generator().manual_seed(seed)  # every synthetic draw below comes fr
 #
 # ```{prf:corollary} Corollary 2, quantitative form (our reconstruction)
 # :label: ch2-cor2
+# :nonumber:
 #
 # In the setting of {prf:ref}`Theorem 1 (random set) <ch2-thm1-random>` let $A=\sum_i\|\alpha_i x_i\|$, $m=\sum_i\alpha_i x_i$
 # and $c=N/(L-1)$. Then
@@ -538,7 +543,8 @@ table(sampling_error, index=True)
 del weights, x  # the head means are all we need from here on
 figures.glue_figure("fig_ch2_figure2ab", distance.figure2_ab_figure(
     fig2, N=N, model=session.name,
-    title=f"Figure 2 (a, b) on War and Peace ({vectors} vectors, {distance_reading.replace('_', ' ')})"))
+    title=f"The paper's Figure 2 (a, b) redrawn on War and Peace "
+          f"({vectors} vectors, {distance_reading.replace('_', ' ')})"))
 figures.glue_figure("fig_ch2_figure2c", distance.figure2_c_figure(fig2, alpha=ks_alpha, model=session.name))
 
 # %% [markdown]

@@ -150,6 +150,7 @@ figures.glue_figure("fig_ch4_two_logit", gradient.plot_two_logit(example))
 #
 # ```{prf:remark} How good is the first-order expansion? (ours)
 # :label: ch4-rem-taylor
+# :nonumber:
 #
 # Write $z=l^{(2)}/T$ and $u=(l^{(1)}-l^{(2)})/T$, and let $\alpha(t)=\operatorname{softmax}(z+tu)$,
 # $\bar u(t)=\sum_i\alpha_i(t)u_i$. Then $\alpha_i'=\alpha_i(u_i-\bar u)$ and
@@ -157,7 +158,7 @@ figures.glue_figure("fig_ch4_two_logit", gradient.plot_two_logit(example))
 # $\|\alpha''\|_2\le\|\alpha''\|_1\le 2\operatorname{Var}_\alpha(u)\le\tfrac12(\max u-\min u)^2\le\|u\|_2^2$.
 # Taylor's formula with integral remainder gives
 # $\|\alpha^{(1)}-\alpha^{(2)}-J\,(l^{(1)}-l^{(2)})\|_2\le\|l^{(1)}-l^{(2)}\|_2^2/(2T^2)=5\varepsilon^2/(2T^2)$,
-# and the mean-value argument of {prf:ref}`ch4-thm-corrected` gives
+# and the mean-value argument of {prf:ref}`the corrected Corollary 3 <ch4-thm-corrected>` gives
 # $\|\alpha^{(1)}-\alpha^{(2)}\|_2\le\min\{\sqrt5\,\varepsilon/(2T),\sqrt2\}$.
 # ```
 #
@@ -176,6 +177,7 @@ figures.glue_figure("fig_ch4_two_logit", gradient.plot_two_logit(example))
 #
 # ```{prf:lemma} Lemma 2, Jacobian of a general normalizer (our reconstruction of a lost display)
 # :label: ch4-lem2
+# :nonumber:
 #
 # Let $F(\cdot,\theta)$ be differentiable and positive, and write $F_i=F(l_i,\theta)$,
 # $F'_i=\partial_l F(l_i,\theta)$, $S=\sum_{j=1}^L F_j$ and $\alpha_i=F_i/S$. Then
@@ -220,11 +222,12 @@ claims.record("ch4-lemma2", model="synthetic", **gradient.claim_values("ch4-lemm
 
 # %% [markdown]
 # The analytic Jacobian agrees with automatic differentiation to a relative error of
-# {glue:text}`lem2_max_error`, and the bound of {prf:ref}`ch4-lem2` has {glue:text}`lem2_violations` violations;
+# {glue:text}`lem2_max_error`, and the bound of {prf:ref}`Lemma 2 <ch4-lem2>` has {glue:text}`lem2_violations` violations;
 # the bound is never tighter than {glue:text}`lem2_min_ratio` times the norm.
 #
 # ```{prf:remark} Lemma 2 is a poor bound for the softmax
 # :label: ch4-rem-lem2-softmax
+# :nonumber:
 #
 # For $F=e^{l/T}$ we have $F'=F/T$, and the first term alone is
 # $\max_kF_k/(T\,L\min_jF_j) = e^{(\max l-\min l)/T}/(LT)$: exponential in the spread of the logits
@@ -232,7 +235,7 @@ claims.record("ch4-lemma2", model="synthetic", **gradient.claim_values("ch4-lemm
 # {glue:text}`lem2_soft_median` in the median and {glue:text}`lem2_soft_max` at worst. The paper's
 # remark that the bound "grows when some $F(l_j)$ approaches zero" is this effect; for the softmax it
 # is an artefact of the triangle inequality, because the exact norm never exceeds $1/(2T)$
-# ({prf:ref}`ch4-thm-corrected`).
+# ({prf:ref}`the corrected Corollary 3 <ch4-thm-corrected>`).
 # ```
 
 # %% [markdown]
@@ -240,6 +243,7 @@ claims.record("ch4-lemma2", model="synthetic", **gradient.claim_values("ch4-lemm
 #
 # ```{prf:corollary} Corollary 3, softmax (the paper's statement, recovered)
 # :label: ch4-cor3
+# :nonumber:
 #
 # For $\alpha=\operatorname{softmax}(l/T)$,
 # $\displaystyle \|\nabla_l\alpha\|_2\le\min\Big\{\frac{1}{4T},\ \sqrt2\Big\}$.
@@ -272,6 +276,7 @@ claims.record("ch4-corollary3-spectral", model="synthetic", **gradient.claim_val
 #
 # ```{prf:theorem} Corrected Corollary 3 (ours)
 # :label: ch4-thm-corrected
+# :nonumber:
 #
 # Let $\alpha=\operatorname{softmax}(l/T)$, $J=\nabla_l\alpha$, and let $v$ be any unit vector and
 # $\varepsilon>0$. Then

@@ -618,5 +618,5 @@ def figure2_c_figure(fig2: Figure2, *, alpha: float, model: str) -> plt.Figure:
     ax.set(xscale="log", yscale="log", xlabel="L", ylabel="N")
     _grid_ticks(ax, crit["L"])
     fig.legend(loc="outside lower center", ncols=3, frameon=False, fontsize="small")
-    figures.model_title(fig, f"Figure 2 (c): critical N, KS test at alpha = {alpha:g}", model)
+    figures.model_title(fig, f"The paper's Figure 2 (c) redrawn: critical N, KS test at alpha = {alpha:g}", model)
     return fig
