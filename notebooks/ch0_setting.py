@@ -209,16 +209,19 @@ figures.glue_figure("fig_ch0_heatmaps", setting.heatmaps(weights0, session.name)
 #
 # **The first layer's attention on *War and Peace*, measured on {glue:text}`model_name`** (first
 # {glue:text}`L_shown` tokens of the window, four heads). Row $t$ holds the weights that query $t$ gives
-# to the keys $j\le t$ (positions counted from 0, so query $t$ sees $t+1$ keys). Grey hatched cells are keys the query cannot see, not
-# zero weights. Look at the first column, the window's first token: the darker it is down the rows, the
+# to the keys $j\le t$ (positions counted from 1, as in the notation, so query $t$ sees $t$ keys). Grey hatched
+# cells are keys the query cannot see, not zero weights. Look at the first column, the window's first token: the darker it is down the rows, the
 # more weight the queries park there (the average share is given below).
 # ```
 #
 # The captured rows sum to one up to {glue:text}`row_error` and the weights above the diagonal are
 # at most {glue:text}`upper_max`: the causal mask is in place. Averaged over the
-# {glue:text}`n_heads` heads of this layer and over queries, the first token of the window receives a
-# share {glue:text}`first_key_share` of each query's weight ({numref}`fig-ch0-heatmaps`) — the "attention
-# sink" {cite}`xiao2024sinks` that pretrained models develop, and one reason why a few keys can dominate a row.
+# {glue:text}`n_heads` heads of this layer and over the queries $t=2,\dots,${glue:text}`L_shown`, the first
+# token of the window receives a share {glue:text}`first_key_share` of each query's weight
+# ({numref}`fig-ch0-heatmaps`). Uniform causal attention, $1/t$ for each of the $t$ keys a query sees, would give it
+# {glue:text}`uniform_first_share` on average; the measured share is {glue:text}`sink_reading` (our rule: a sink
+# takes at least twice the uniform share). Pretrained models often develop such an "attention sink" on the first
+# token {cite}`xiao2024sinks`, one reason why a few keys can dominate a row.
 #
 # ```{admonition} What this means
 # Every result of the next chapters is about these rows: how much weight one key can keep when a row

@@ -634,7 +634,9 @@ glue_values({**captured, **checks, **facts, **distance.figure2_readings(facts, r
 # distance by {glue:text}`m_gap_5_text` at $N=5$ and by {glue:text}`m_gap_100_text` at $N=100$ (our rule:
 # {glue:text}`m_rule_converge`).
 #
-# **Panel (c)** ({numref}`fig-ch2-figure2c`). The critical $N$ is {glue:text}`m_crit_table`; where a size is accepted it is between
+# **Panel (c)** ({numref}`fig-ch2-figure2c`). The critical $N$ is {glue:text}`m_crit_table`: the grid tests only
+# its sizes, so each value is the first accepted size of the grid, and the first accepted $N$ lies between the
+# rejected size below it and that size. Where a size is accepted it is between
 # {glue:text}`m_crit_min_frac` and {glue:text}`m_crit_max_frac` of the length, against the paper's
 # "fewer than 6 %" (our rule: {glue:text}`m_rule_critical`, where "within" means a critical $N$ of at
 # most $0.06L$). {glue:text}`m_read_006`. Panel (a) explains why: at small $N$ the top-$N$ distance

@@ -499,6 +499,15 @@ glue_values(logits.prose())
 # the long-context part adds {glue:text}`m_rows_extra` rows beyond. SSMax uses
 # $s=1/\log L=${glue:text}`m_s`.
 #
+# ```{note}
+# **Why a number here can differ from the same number in chapters 1-3.** The softmax curves of this chapter
+# measure quantities that chapters 1-3 measure too (the slope of the largest weight against $t$, the mean
+# distance $\tilde d$ at $N=5$ and $L=1024$, $N_s/N$ at $N=32$), but from the sampled rows, weighted by the rows
+# they stand for, where chapters 1-3 use every row. The definitions are the same; the difference is the
+# sampling error of this estimator, which {doc}`ch2_distance` measures against every row for the distance.
+# The ledger records the chapters' own values under their own claims.
+# ```
+#
 # ### Lemma 1 on the model
 #
 # For every normalizer and sampled row: the largest weight magnitude, the same without the first key
@@ -667,7 +676,9 @@ if {"self_adjust", "self_adjust_normalized"} & set(names) and "softmax" in names
 # {numref}`fig-ch6-long-context` use the model's own attention (softmax), as in the paper: the distance $\tilde d$ at $N=${glue:text}`N_used`
 # against the window length (Figure 2a of the paper), and the separability $N_s/N$ against $N$ at $L$
 # and at the longest window (the paper's Figure 3). The largest weight against $t$ was shown above for every
-# normalizer, right of the grey line.
+# normalizer, right of the grey line. Like every model number of this chapter, these come from the sampled rows:
+# at the lengths that {doc}`ch2_distance` and {doc}`ch3_separability` measure too, they differ from those
+# chapters' every-row values by the sampling error (see the note above), not by another definition.
 
 # %%
 long = beyond.long_context(logits, geometry_model)

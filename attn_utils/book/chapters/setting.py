@@ -59,12 +59,34 @@ def weights_figure(table: pd.DataFrame) -> plt.Figure:
     return fig
 
 
+SINK_FACTOR = 2  # our rule: a first token with at least twice its uniform share is an attention sink
+
+
 def layer_checks(weights: torch.Tensor) -> dict:
     """For one layer's weights ``(heads, L, L)``: the largest deviation of a row sum from 1, the largest weight
-    above the diagonal, and the mean weight that the rows t >= 2 give to the first token."""
-    return {"L_shown": int(weights.shape[-1]), "n_heads": int(weights.shape[0]),
+    above the diagonal, the mean weight that the rows t = 2..L (counting from 1) give to the first token, the
+    same mean for uniform causal attention, mean(1/t), their ratio, and the reading of :func:`sink_reading`."""
+    L = int(weights.shape[-1])
+    share = float(weights[:, 1:, 0].mean())
+    uniform = float(sum(1 / t for t in range(2, L + 1)) / (L - 1)) if L > 1 else 1.0
+    return {"L_shown": L, "n_heads": int(weights.shape[0]),
             "row_error": float((weights.sum(-1) - 1).abs().max()), "upper_max": float(weights.triu(1).abs().max()),
-            "first_key_share": float(weights[:, 1:, 0].mean())}
+            "first_key_share": share, "uniform_first_share": uniform, "first_key_ratio": share / uniform,
+            "sink_reading": sink_reading(share, uniform)}
+
+
+def sink_reading(share: float, uniform: float) -> str:
+    """What a first-token share says against the uniform causal share: an attention sink from ``SINK_FACTOR``
+    times the uniform share, less than uniform below 1 / ``SINK_FACTOR`` times, about uniform in between."""
+    ratio = share / uniform
+    if ratio >= SINK_FACTOR:
+        return (f"{ratio:.1f} times the uniform share: in this layer the first token is an attention sink, "
+                "a key that takes far more weight than its place in the row gives it")
+    if ratio <= 1 / SINK_FACTOR:
+        return (f"{ratio:.2f} times the uniform share: this layer gives the first token less than uniform "
+                "attention would, so it is no attention sink here")
+    return (f"{ratio:.2f} times the uniform share: about what uniform attention gives it, so the first token is "
+            "no attention sink in this layer")
 
 
 def masked_region(L: int) -> Polygon:
@@ -77,7 +99,8 @@ def masked_region(L: int) -> Polygon:
 
 
 def heatmaps(weights: torch.Tensor, model: str, heads: int = 4) -> plt.Figure:
-    """Heat maps of the first ``heads`` heads of one layer, two per row, ticks at token positions (from 0), on a
+    """Heat maps of the first ``heads`` heads of one layer, two per row, ticks at token positions (from 1, as in
+    the notation), on a
     square-root colour scale (small weights stay visible); keys a query cannot see (above the diagonal) are grey
     and hatched, so a masked key is not mistaken for a zero weight."""
     shown, L = min(heads, weights.shape[0]), weights.shape[-1]
@@ -86,7 +109,8 @@ def heatmaps(weights: torch.Tensor, model: str, heads: int = 4) -> plt.Figure:
     fig, axes = plt.subplots(n_rows, n_cols, figsize=(3.3 * n_cols + 0.9, 3.2 * n_rows + 0.7), squeeze=False)
     cmap = sns.color_palette("mako_r", as_cmap=True).with_extremes(bad=MASKED_COLOUR)
     masked = np.triu(np.ones((L, L), dtype=bool), 1)
-    ticks = np.arange(0, L, max(1, L // 4))
+    step = max(1, L // 4)
+    ticks = np.unique(np.r_[1, np.arange(step, L + 1, step)])  # positions counted from 1; pixel p - 1
     for h, ax in enumerate(axes.flat):
         if h >= shown:
             ax.remove()
@@ -95,7 +119,9 @@ def heatmaps(weights: torch.Tensor, model: str, heads: int = 4) -> plt.Figure:
                           norm=PowerNorm(0.5, vmin=0, vmax=1), interpolation="nearest")
         ax.add_patch(masked_region(L))
         ax.grid(False)
-        ax.set(xticks=ticks, yticks=ticks, title=f"layer 0, head {h}", xlabel="key position $j$",
+        ax.set_xticks(ticks - 1, labels=[str(t) for t in ticks])
+        ax.set_yticks(ticks - 1, labels=[str(t) for t in ticks])
+        ax.set(title=f"layer 0, head {h}", xlabel="key position $j$",
                ylabel="query position $t$" if h % n_cols == 0 else "")
     fig.colorbar(image, ax=axes, shrink=0.8, label="weight (square-root scale)")
     figures.model_title(fig, f"Attention weights on War and Peace, first {L} tokens (grey, hatched: masked keys)",
