@@ -30,7 +30,7 @@
 # **What it assumes**: linear algebra (vectors, norms, matrices) and some familiarity with the
 # transformer's attention; no probability beyond expectations.
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "remove-cell"]
 # Parameters (papermill). Every one is checked in the next cell.
 model = "auto"            # model measured: "auto" (GPT-2 if it can be had, else SmolLM2-135M), "gpt2", "smollm2-135m", ...
 corpus = "war-and-peace"  # "war-and-peace" or the path of a UTF-8 text file
@@ -40,10 +40,12 @@ L = 128                   # window length (tokens) of the attention map shown be
 seed = 0                  # seed of the synthetic examples
 device = "auto"           # "auto" (a GPU if there is one, else the CPU), "cpu" or "cuda": runs the model and the checks
 
-# %%
+# %% tags=["remove-input"]
+from attn_utils.book.formatting import parameter_table
 from attn_utils.book.params import checked
 
 p = checked(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed, device=device)
+parameter_table(p)
 
 # %% tags=["hide-input"]
 import pandas as pd

@@ -42,7 +42,7 @@
 # The machinery (synthetic instances, the per-row checks on the model, the fits and the figures) lives in
 # `attn_utils.book.chapters.vanishing`; the cells below call it.
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "remove-cell"]
 # Parameters (papermill). Every one is checked in the next cell.
 model = "auto"            # model measured: "auto" (GPT-2 if it can be had, else SmolLM2-135M), "gpt2", "smollm2-135m", ...
 corpus = "war-and-peace"  # "war-and-peace" or the path of a UTF-8 text file
@@ -55,11 +55,13 @@ synthetic_lengths = [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]  # ro
 Ts = [0.25, 1.0, 4.0]     # softmax temperatures of the synthetic checks
 n_trials = 200            # synthetic rows per (normalizer or temperature, length)
 
-# %%
+# %% tags=["remove-input"]
+from attn_utils.book.formatting import parameter_table
 from attn_utils.book.params import checked
 
 p = checked(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, device=device, seed=seed,
             synthetic_lengths=synthetic_lengths, Ts=Ts, n_trials=n_trials)
+parameter_table(p)
 
 # %% tags=["hide-input"]
 import numpy as np
@@ -114,6 +116,22 @@ gen = torch.Generator().manual_seed(p.seed)  # one stream for every synthetic dr
 #
 # Neither constant depends on $L$ because $F$, and hence $m_F$ and $M_F$, do not.
 # ```
+#
+# ````{admonition} How it is computed: Lemma 1's constants
+# :class: dropdown
+# The library's function that every check of this chapter calls (`attn_utils.mathematics.theory`): the extrema of
+# $F$ on $[-a,a]$ give $C_1=m_F/M_F$ and $C_2=M_F/m_F$, then the bounds $C_1/L$ and $C_2/L$.
+#
+# ```{literalinclude} ../attn_utils/mathematics/theory/lemma1.py
+# :language: python
+# :pyobject: lemma1_constants
+# ```
+#
+# ```{literalinclude} ../attn_utils/mathematics/theory/lemma1.py
+# :language: python
+# :pyobject: lemma1_bounds
+# ```
+# ````
 #
 # The bound cannot be improved in its dependence on $L$: with one logit at the maximizer of $F$ and
 # the other $L-1$ at its minimizer, that key gets $\alpha = M_F/(M_F+(L-1)m_F)$, and

@@ -42,7 +42,7 @@
 # * the idea of a two-sample test (the KS statistic is the largest gap between two empirical distribution
 #   functions).
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "remove-cell"]
 # Parameters (papermill). Every one is checked in the next cell.
 model = "auto"                         # model measured: "auto" (GPT-2 if it can be had, else SmolLM2-135M), "gpt2", "smollm2-135m", ...
 corpus = "war-and-peace"               # "war-and-peace" or the path of a UTF-8 text file
@@ -61,12 +61,14 @@ vectors = "value"                      # per-head vectors used as the x_i: "valu
 distance_reading = "sum_of_norms"      # reading of d~ measured on the model: "sum_of_norms" (ours) or "norm_of_sum"
 rows_per_octave = None                 # None: every query row, as the paper; K: K rows sampled per octave of positions (quicker)
 
-# %%
+# %% tags=["remove-input"]
+from attn_utils.book.formatting import parameter_table
 from attn_utils.book.params import checked
 
 p = checked(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, device=device, seed=seed, N=N, lengths=lengths,
             Ns=Ns, ks_alpha=ks_alpha, n_trials=n_trials, n_samples=n_samples, vectors=vectors,
             distance_reading=distance_reading, rows_per_octave=rows_per_octave)
+parameter_table(p)
 
 # %% tags=["hide-input"]
 import functools
@@ -538,6 +540,19 @@ table(sampling_error, index=True)
 # the first size, in increasing order, whose test does not reject equality at level `ks_alpha`
 # ($p>\alpha$), and $-1$ if every test rejects. The samples of each test are the per-head means $\bar d$
 # and $\bar{\mathcal E}$ of all heads.
+#
+# ````{admonition} How it is computed: Algorithm 3, the critical $N$
+# :class: dropdown
+# The library's Algorithm 3 (`attn_utils.mathematics.algorithms.critical_n`), as this chapter runs it: per length
+# and size of the grid, a two-sample KS test of the per-head means $\bar d$ against $\bar{\mathcal E}$; the
+# critical $N$ is the first size whose test does not reject.
+#
+# ```{literalinclude} ../attn_utils/mathematics/algorithms.py
+# :language: python
+# :pyobject: critical_n
+# ```
+# ````
+#
 
 # %% tags=["hide-input"]
 del weights, x  # the head means are all we need from here on

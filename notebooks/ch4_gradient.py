@@ -42,7 +42,7 @@
 #   largest eigenvalue in absolute value);
 # * the variance of a discrete random variable.
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "remove-cell"]
 # Parameters (papermill). Every one is checked in the next cell.
 model = "auto"            # model measured: "auto" (GPT-2 if it can be had, else SmolLM2-135M), "gpt2", "smollm2-135m", ...
 corpus = "war-and-peace"  # "war-and-peace" or the path of a UTF-8 text file
@@ -56,11 +56,13 @@ epsilons = [1e-3, 1e-1, 10.0]  # perturbation sizes eps of g(T, eps) (the paper'
 logit_scale = "raw"       # "raw" (logits q.k; the model's own T is 1/scaling, 8 at head dim 64) or "model" (logits q.k*scaling; own T is 1)
 n_trials = 3000           # random synthetic instances for each numerical check of the theory
 
-# %%
+# %% tags=["remove-input"]
+from attn_utils.book.formatting import parameter_table
 from attn_utils.book.params import checked
 
 p = checked(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, device=device, seed=seed, Ts=Ts,
             epsilons=epsilons, logit_scale=logit_scale, n_trials=n_trials)
+parameter_table(p)
 
 # %% tags=["hide-input"]
 import math
@@ -307,6 +309,28 @@ claims.record("ch4-corollary3-spectral", model="synthetic", **gradient.claim_val
 # J(l+t\varepsilon v)\,\varepsilon v\,dt$, whose norm is at most $\varepsilon/(2T)$ by (2). And two
 # probability vectors $p,p'$ satisfy $\|p-p'\|_2^2\le\|p-p'\|_1\max_i|p_i-p'_i|\le2\cdot1$.
 # ```
+#
+# ````{admonition} How it is computed: the softmax Jacobian and its bounds
+# :class: dropdown
+# The library's functions (`attn_utils.mathematics.theory`): the Jacobian
+# $(\operatorname{diag}\alpha-\alpha\alpha^\top)/T$, the paper's Corollary 3 as stated, and the corrected bound
+# $1/(2T)$ on its spectral norm.
+#
+# ```{literalinclude} ../attn_utils/mathematics/theory/lemma2.py
+# :language: python
+# :pyobject: softmax_jacobian
+# ```
+#
+# ```{literalinclude} ../attn_utils/mathematics/theory/lemma2.py
+# :language: python
+# :pyobject: corollary3_bound
+# ```
+#
+# ```{literalinclude} ../attn_utils/mathematics/theory/lemma2.py
+# :language: python
+# :pyobject: softmax_jacobian_norm_bound
+# ```
+# ````
 #
 # So the constant $\tfrac14$ is right for single entries and wrong by a factor two for the spectral
 # norm, and the cap $\sqrt2$ belongs to the finite difference multiplied by $\varepsilon$, not to the

@@ -51,7 +51,7 @@
 # - a pretrained model read through `Session` ({doc}`ch0_setting`); the model is re-normalized, never
 #   retrained.
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "remove-cell"]
 # Parameters (papermill). Every one is checked in the next cell.
 model = "auto"            # model measured: "auto" (GPT-2 if it can be had, else SmolLM2-135M), "gpt2", "smollm2-135m", ...
 corpus = "war-and-peace"  # "war-and-peace" or the path of a UTF-8 text file
@@ -70,12 +70,14 @@ n_trials = 200            # synthetic rows per (length, family) and for the grad
 n_samples = 200           # permutations of the multi-head independence test
 rows_per_octave = 4       # query rows sampled per octave of positions [2^k, 2^(k+1)) of the model's window
 
-# %%
+# %% tags=["remove-input"]
+from attn_utils.book.formatting import parameter_table
 from attn_utils.book.params import checked
 
 p = checked(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, device=device, long_lengths=long_lengths, seed=seed,
             normalizers=normalizers, synthetic_lengths=synthetic_lengths, Ts=Ts, N=N, Ns=Ns, n_trials=n_trials,
             n_samples=n_samples, rows_per_octave=rows_per_octave)
+parameter_table(p)
 
 # %% tags=["hide-input"]
 import time
@@ -753,6 +755,23 @@ glue_values({**long.prose(lemma_model), "dist_long_verdict": distance_claim.verd
 # probabilities of missing $i$, and linearity of expectation sums over $U$. If every $I_N^h=U$ with
 # $|U|=N$ and $k_h=pN$, each product is $(1-p)^H$.
 # ```
+#
+# ````{admonition} How it is computed: the paper's multi-head coverage
+# :class: dropdown
+# The library's functions (`attn_utils.mathematics.theory`): the paper's $1-(1-p)^H$, computed as
+# $-\operatorname{expm1}(H\log(1-p))$ so that it stays accurate for tiny $p$, and the fewest heads that reach a
+# coverage.
+#
+# ```{literalinclude} ../attn_utils/mathematics/theory/coverage.py
+# :language: python
+# :pyobject: multihead_coverage
+# ```
+#
+# ```{literalinclude} ../attn_utils/mathematics/theory/coverage.py
+# :language: python
+# :pyobject: heads_for_coverage
+# ```
+# ````
 #
 # The test: per layer and sampled row $t\le L$ (model's own softmax, value vectors on the unit
 # sphere), the observed coverage against (a) the paper's $1-(1-\bar p)^H$ with $\bar p$ the mean

@@ -65,3 +65,13 @@ def test_every_value_reads_back_within_its_last_decimal(values):
 def test_a_series_and_an_index_render():
     html = table(pd.Series([1.5, np.nan], index=["x", "y"], name="v"), index=True).to_html()
     assert ">1.50<" in html and ">n/a<" in html
+
+
+def test_the_parameter_table_lists_every_given_parameter_with_its_value_and_meaning():
+    from attn_utils.book.formatting import parameter_table
+    from attn_utils.book.params import SPECS, validate
+
+    p = validate(model="gpt2-random", L=64, Ns=[1, 2, 4], chapters=None)
+    html = parameter_table(p).to_html()
+    assert ">gpt2-random<" in html and ">64<" in html and ">1, 2, 4<" in html and ">None<" in html
+    assert SPECS["L"].doc in html and html.count("<tr>") == 1 + 4

@@ -127,3 +127,17 @@ def glue_values(values: Mapping[str, Any], digits: int = 3) -> dict[str, str]:
     for name, text in texts.items():
         glue(name, text, display=False)
     return texts
+
+
+def parameter_table(p, caption: str = "The parameters of this run"):
+    """The checked parameters ``p`` (:class:`attn_utils.book.params.Parameters`) as a compact table: each parameter
+    the notebook declares, the value it runs with (``model = auto`` resolved) and its meaning from
+    :data:`attn_utils.book.params.SPECS`; the rendered page shows this instead of the parameters cell."""
+    import pandas as pd
+
+    from attn_utils.book.params import SPECS
+
+    rows = [(name, fmt(p.model_name if name == "model" else p[name]) if p[name] is not None else "None",
+             SPECS[name].doc if name in SPECS else "") for name in p.given]
+    frame = pd.DataFrame(rows, columns=["parameter", "value", "meaning"])
+    return table(frame, caption=caption)
