@@ -101,9 +101,11 @@ figures.set_style()
 # properties (our reconstruction, `theory.two_logit_example`):
 #
 # $$
-# l^{(1)} = (c+\varepsilon,\; c,\; l_3,\dots,l_L), \qquad
-# l^{(2)} = (c-\varepsilon,\; c+\varepsilon,\; l_3,\dots,l_L), \qquad
-# l^{(1)}-l^{(2)} = (2\varepsilon, -\varepsilon, 0,\dots,0),
+# \begin{aligned}
+# l^{(1)} &= (c+\varepsilon,\; c,\; l_3,\dots,l_L),\\
+# l^{(2)} &= (c-\varepsilon,\; c+\varepsilon,\; l_3,\dots,l_L),\\
+# l^{(1)}-l^{(2)} &= (2\varepsilon, -\varepsilon, 0,\dots,0),
+# \end{aligned}
 # $$
 #
 # with $l_3,\dots,l_L < c-\varepsilon$. We fix $\varepsilon$ and sweep $T$, so that $\varepsilon/T$
