@@ -565,8 +565,10 @@ session.provenance_table()
 # *Optimality.* Take one logit at $-a$ and the other $L-1$ at $+a$. The weight of the first key is
 #
 # $$
-# \alpha_1=\frac{e^{-a/T}}{e^{-a/T}+(L-1)e^{a/T}},\qquad
-# L\alpha_1=\frac{L}{1+(L-1)e^{2a/T}}=\frac{1}{e^{2a/T}+(1-e^{2a/T})/L}.
+# \begin{aligned}
+# \alpha_1&=\frac{e^{-a/T}}{e^{-a/T}+(L-1)e^{a/T}},\\
+# L\alpha_1&=\frac{L}{1+(L-1)e^{2a/T}}=\frac{1}{e^{2a/T}+(1-e^{2a/T})/L}.
+# \end{aligned}
 # $$
 #
 # Since $1-e^{2a/T}<0$, $L\alpha_1$ decreases in $L$ and tends to $e^{-2a/T}=C_1$. So for any

@@ -210,9 +210,10 @@ gen = torch.Generator().manual_seed(seed)  # every synthetic draw below comes fr
 # Then
 #
 # $$
-# \mathbb E_I\big[\tilde d(I)\big]\;=\;\mathcal E+\varepsilon,\qquad
-# \mathcal E=\frac{L-N}{L}\sum_{i=1}^{L}\Big\|\alpha_i x_i-\frac{N}{L-1}\sum_{j\neq i}\alpha_j x_j\Big\|_2,
-# \qquad \varepsilon\ge0,
+# \begin{aligned}
+# \mathbb E_I\big[\tilde d(I)\big]&=\mathcal E+\varepsilon,\qquad \varepsilon\ge0,\\
+# \mathcal E&=\frac{L-N}{L}\sum_{i=1}^{L}\Big\|\alpha_i x_i-\frac{N}{L-1}\sum_{j\neq i}\alpha_j x_j\Big\|_2,
+# \end{aligned}
 # $$
 #
 # and $\varepsilon=0$ when $N=L-1$.
@@ -252,9 +253,23 @@ gen = torch.Generator().manual_seed(seed)  # every synthetic draw below comes fr
 # In the setting of {prf:ref}`Theorem 1 (random set) <ch2-thm1-random>` let $A=\sum_i\|\alpha_i x_i\|$, $m=\sum_i\alpha_i x_i$
 # and $c=N/(L-1)$. Then
 #
-# 1. (few selected tokens) $\displaystyle|\mathcal E-A|\;\le\;\frac NL\,A+\frac{L-N}{L}\,c\sum_i\|m-\alpha_i x_i\|
-#    \;\le\;\frac{N}{L-1}\,\big(2A+L\|m\|\big)$;
-# 2. (almost all selected) $\displaystyle\mathcal E\;\le\;\frac{L-N}{L}\big((1+c)A+cL\|m\|\big)\;\le\;(L-N)\Big(\frac{2A}{L}+\|m\|\Big)$.
+# 1. (few selected tokens)
+#
+#    $$
+#    \begin{aligned}
+#    |\mathcal E-A| &\le \frac NL\,A+\frac{L-N}{L}\,c\sum_i\|m-\alpha_i x_i\|\\
+#    &\le \frac{N}{L-1}\,\big(2A+L\|m\|\big);
+#    \end{aligned}
+#    $$
+#
+# 2. (almost all selected)
+#
+#    $$
+#    \begin{aligned}
+#    \mathcal E &\le \frac{L-N}{L}\big((1+c)A+cL\|m\|\big)\\
+#    &\le (L-N)\Big(\frac{2A}{L}+\|m\|\Big).
+#    \end{aligned}
+#    $$
 #
 # In particular $\mathcal E\le 2A+N\|m\|\le(2+N)\max_i\|x_i\|$ for every $L$.
 # ```

@@ -225,9 +225,11 @@ glue_values({"fig1_L": fig1.L, "fig1_N": fig1.N, "fig1_sigma": fig1.sigma, "fig1
 # $S_2=\sum_{j\in I_N\setminus\{i\}}\alpha_j^2$ and
 #
 # $$
-# \xi_i^2 \;=\; M^2\!\!\sum_{j\in I_N\setminus\{i\}}\!\!\alpha_j^2
-# \;+\;\Big(M^2-\frac{\delta^2}{2}\Big)\!\!\sum_{\substack{j\ne k\\ j,k\in I_N\setminus\{i\}}}\!\!\alpha_j\alpha_k
-# \;=\; M^2S_1^2-\frac{\delta^2}{2}\big(S_1^2-S_2\big).
+# \begin{aligned}
+# \xi_i^2 &= M^2\!\!\sum_{j\in I_N\setminus\{i\}}\!\!\alpha_j^2
+# +\Big(M^2-\frac{\delta^2}{2}\Big)\!\!\sum_{\substack{j\ne k\\ j,k\in I_N\setminus\{i\}}}\!\!\alpha_j\alpha_k\\
+# &= M^2S_1^2-\frac{\delta^2}{2}\big(S_1^2-S_2\big).
+# \end{aligned}
 # $$
 #
 # Then, deterministically, $X_i=\|s-\alpha_i x_i\|_2\le\xi_i$, and more precisely

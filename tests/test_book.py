@@ -5,6 +5,7 @@ selenium and skip with a message when Chromium is not installed (CI installs it)
 """
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import tempfile
@@ -232,12 +233,16 @@ const tight = Array.from(article.querySelectorAll('table td, table th')).filter(
 const cut = Array.from(article.querySelectorAll('mjx-container[display="true"]')).filter(m => {
   const math = m.querySelector('mjx-math');
   return math && math.getBoundingClientRect().width > m.getBoundingClientRect().width + 1;
-}).map(m => (m.getAttribute('aria-label') || m.innerText).slice(0, 60));
+}).map(m => {
+  const items = window.MathJax && MathJax.startup.document.getMathItemsWithin ? MathJax.startup.document
+    .getMathItemsWithin(m) : [];
+  return (items.length ? items[0].math : m.innerText).slice(0, 80);
+});
 const numbered = Array.from(article.querySelectorAll('div.proof > p.admonition-title')).map(t => t.innerText.trim())
   .filter(t => /^(Definition|Theorem|Lemma|Corollary|Proposition|Remark|Assumption|Conjecture|Example)\\s+\\d/.test(t));
 const left = Array.from(article.querySelectorAll('table.output-table td.num'))
   .filter(c => getComputedStyle(c).textAlign !== 'right').length;
-return {tight: tight.slice(0, 5), cut: cut, numbered: numbered, left: left};
+return JSON.stringify({tight: tight.slice(0, 5), cut: cut, numbered: numbered, left: left});
 """
 
 
@@ -253,7 +258,7 @@ def test_tables_equations_and_boxes_read_at_1280_px(built_book):
         for page in _pages(built_book.html):
             driver.get(page.as_uri())
             driver.execute_async_script(WAIT_FOR_MATHJAX)
-            found = driver.execute_script(LAYOUT)
+            found = json.loads(driver.execute_script(LAYOUT))
             for kind, what in (("table cells with under 4 px of padding", found["tight"]),
                                ("display equations wider than the column", found["cut"]),
                                ("statement boxes numbered by the book", found["numbered"])):
