@@ -30,7 +30,7 @@
 # **What it assumes**: linear algebra (vectors, norms, matrices) and some familiarity with the
 # transformer's attention; no probability beyond expectations.
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "remove-cell"]
 # Parameters (papermill). Every one is checked in the next cell.
 model = "auto"            # model measured: "auto" (GPT-2 if it can be had, else SmolLM2-135M), "gpt2", "smollm2-135m", ...
 corpus = "war-and-peace"  # "war-and-peace" or the path of a UTF-8 text file
@@ -40,10 +40,12 @@ L = 128                   # window length (tokens) of the attention map shown be
 seed = 0                  # seed of the synthetic examples
 device = "auto"           # "auto" (a GPU if there is one, else the CPU), "cpu" or "cuda": runs the model and the checks
 
-# %%
+# %% tags=["remove-input"]
+from attn_utils.book.formatting import parameter_table
 from attn_utils.book.params import checked
 
 p = checked(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, seed=seed, device=device)
+parameter_table(p)
 
 # %% tags=["hide-input"]
 import pandas as pd
@@ -80,6 +82,7 @@ figures.set_style()
 #
 # ```{prf:definition} General normalization (Eq. (3))
 # :label: def-general-normalization
+# :nonumber:
 #
 # Let $F(\cdot,\theta)$ be a smooth, strictly positive function of a logit, with parameters $\theta$
 # (a temperature, for instance). The weights of a query with logits $l_1,\dots,l_L$ are
@@ -208,16 +211,20 @@ figures.glue_figure("fig_ch0_heatmaps", setting.heatmaps(weights0, session.name,
 #
 # **The first layer's attention on *War and Peace*, measured on {glue:text}`model_name`** (first
 # {glue:text}`L_shown` tokens of the window, four heads). Row $t$ holds the weights that query $t$ gives
-# to the keys $j\le t$ (positions counted from 0, so query $t$ sees $t+1$ keys). Grey hatched cells are keys the query cannot see, not
-# zero weights. Look at the first column, the window's first token: the darker it is down the rows, the
+# to the keys $j\le t$ (positions counted from 1, as in the notation, so query $t$ sees $t$ keys). Grey hatched
+# cells are keys the query cannot see, not zero weights. Look at the first column, the window's first token: the darker it is down the rows, the
 # more weight the queries park there (the average share is given below).
 # ```
 #
 # The captured rows sum to one up to {glue:text}`row_error` and the weights on keys a query cannot see
 # are at most {glue:text}`upper_max`: the model's mask is in place. Averaged over the
-# {glue:text}`n_heads` heads of this layer and over queries, the first token of the window receives a
-# share {glue:text}`first_key_share` of each query's weight ({numref}`fig-ch0-heatmaps`) — the "attention
-# sink" {cite}`xiao2024sinks` that pretrained models develop, and one reason why a few keys can dominate a row.
+# {glue:text}`n_heads` heads of this layer and over the queries $t=2,\dots,${glue:text}`L_shown`, the first
+# token of the window receives a share {glue:text}`first_key_share` of each query's weight
+# ({numref}`fig-ch0-heatmaps`). Uniform attention over the keys a query sees ($1/t$ for each of the $t$ keys of a
+# causal row) would give it {glue:text}`uniform_first_share` on average; the measured share is
+# {glue:text}`sink_reading` (our rule: a sink takes at least twice the uniform share). Pretrained models often
+# develop such an "attention sink" on the first token {cite}`xiao2024sinks`, one reason why a few keys can
+# dominate a row.
 #
 # ```{admonition} What this means
 # Every result of the next chapters is about these rows: how much weight one key can keep when a row

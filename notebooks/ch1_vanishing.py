@@ -42,7 +42,7 @@
 # The machinery (synthetic instances, the per-row checks on the model, the fits and the figures) lives in
 # `attn_utils.book.chapters.vanishing`; the cells below call it.
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "remove-cell"]
 # Parameters (papermill). Every one is checked in the next cell.
 model = "auto"            # model measured: "auto" (GPT-2 if it can be had, else SmolLM2-135M), "gpt2", "smollm2-135m", ...
 corpus = "war-and-peace"  # "war-and-peace" or the path of a UTF-8 text file
@@ -55,11 +55,13 @@ synthetic_lengths = [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]  # ro
 Ts = [0.25, 1.0, 4.0]     # softmax temperatures of the synthetic checks
 n_trials = 200            # synthetic rows per (normalizer or temperature, length)
 
-# %%
+# %% tags=["remove-input"]
+from attn_utils.book.formatting import parameter_table
 from attn_utils.book.params import checked
 
 p = checked(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, device=device, seed=seed,
             synthetic_lengths=synthetic_lengths, Ts=Ts, n_trials=n_trials)
+parameter_table(p)
 
 # %% tags=["hide-input"]
 import numpy as np
@@ -78,13 +80,14 @@ gen = torch.Generator().manual_seed(p.seed)  # one stream for every synthetic dr
 # %% [markdown]
 # ## The statement
 #
-# Recall the general normalization of Eq. (3) ({prf:ref}`def-general-normalization` in
+# Recall the general normalization of Eq. (3) ({prf:ref}`its definition <def-general-normalization>` in
 # {doc}`ch0_setting`): a row of logits $l_1,\dots,l_L$ becomes the weights
 # $\alpha_i = F(l_i,\theta)/\sum_j F(l_j,\theta)$ for a positive function $F$ with parameters
 # $\theta$.
 #
 # ```{prf:lemma} Vanishing attention: the paper's Lemma 1 (formula recovered)
 # :label: ch1-lemma1
+# :nonumber:
 #
 # Let $F(\cdot,\theta)$ be continuous and strictly positive, with parameters $\theta$ that do not
 # involve the number of keys $L$. Suppose every logit lies in $[-a,a]$. Put
@@ -114,6 +117,22 @@ gen = torch.Generator().manual_seed(p.seed)  # one stream for every synthetic dr
 # Neither constant depends on $L$ because $F$, and hence $m_F$ and $M_F$, do not.
 # ```
 #
+# ````{admonition} How it is computed: Lemma 1's constants
+# :class: dropdown
+# The library's function that every check of this chapter calls (`attn_utils.mathematics.theory`): the extrema of
+# $F$ on $[-a,a]$ give $C_1=m_F/M_F$ and $C_2=M_F/m_F$, then the bounds $C_1/L$ and $C_2/L$.
+#
+# ```{literalinclude} ../attn_utils/mathematics/theory/lemma1.py
+# :language: python
+# :pyobject: lemma1_constants
+# ```
+#
+# ```{literalinclude} ../attn_utils/mathematics/theory/lemma1.py
+# :language: python
+# :pyobject: lemma1_bounds
+# ```
+# ````
+#
 # The bound cannot be improved in its dependence on $L$: with one logit at the maximizer of $F$ and
 # the other $L-1$ at its minimizer, that key gets $\alpha = M_F/(M_F+(L-1)m_F)$, and
 # $L\alpha\to M_F/m_F=C_2$ as $L\to\infty$. The same configuration with the roles swapped approaches
@@ -125,6 +144,7 @@ gen = torch.Generator().manual_seed(p.seed)  # one stream for every synthetic dr
 #
 # ```{prf:corollary} Softmax: the paper's Corollary 1 (recovered formula; our reading of $\|k\|$)
 # :label: ch1-cor1
+# :nonumber:
 #
 # Let $\alpha=\operatorname{softmax}(l/T)$ with $l_i=q^\top k_i$, $i=1,\dots,L$, and put
 # $\Delta=\|q\|_2\,\max_j\|k_j\|_2$. Then
@@ -140,7 +160,7 @@ gen = torch.Generator().manual_seed(p.seed)  # one stream for every synthetic dr
 #
 # ```{prf:proof}
 # By Cauchy–Schwarz, $|l_i|=|q^\top k_i|\le\|q\|\,\|k_i\|\le\Delta$, so every logit lies in
-# $[-\Delta,\Delta]$. Apply {prf:ref}`ch1-lemma1` with $a=\Delta$ and the increasing function
+# $[-\Delta,\Delta]$. Apply {prf:ref}`Lemma 1 <ch1-lemma1>` with $a=\Delta$ and the increasing function
 # $F(l)=e^{l/T}$: $m_F=e^{-\Delta/T}$, $M_F=e^{\Delta/T}$, and $C_2=1/C_1=e^{2\Delta/T}$.
 # ```
 #
@@ -192,13 +212,13 @@ figures.glue_figure("fig_ch1_lemma1", vanishing.plot_lemma1(lemma1, a=f1["a_fig"
 #
 # **Lemma 1 on synthetic rows** (no model; logits in $[-a,a]$ with $a=${glue:text}`a_fig`). Each panel
 # is one function $F$; the dashed lines are the envelope $C_2/L$ (top) and $C_1/L$ (bottom) of
-# {prf:ref}`ch1-lemma1`, and the thin grey line is weight 1. Look for any marker outside its envelope,
+# {prf:ref}`Lemma 1 <ch1-lemma1>`, and the thin grey line is weight 1. Look for any marker outside its envelope,
 # and at how close the largest and smallest weights come to the dashed lines as $L$ grows.
 # ```
 #
 # Over {glue:text}`lemma1_cases` synthetic rows ({glue:text}`lemma1_n_F` functions $F$,
 # {glue:text}`lemma1_n_L` lengths up to {glue:text}`lemma1_Lmax`, logit bounds $a$ = {glue:text}`a_grid`),
-# the number of rows outside the bounds of {prf:ref}`ch1-lemma1` is **{glue:text}`lemma1_violations`** (verdict:
+# the number of rows outside the bounds of {prf:ref}`Lemma 1 <ch1-lemma1>` is **{glue:text}`lemma1_violations`** (verdict:
 # {glue:text}`lemma1_verdict`). The tightest row reaches {glue:text}`lemma1_tightest` of its bound:
 # the extreme rows approach the bound as $L$ grows, as the remark after the proof predicts. A typical
 # row with uniform logits is much further from it (median tightness {glue:text}`lemma1_uniform_median`).
@@ -248,6 +268,7 @@ _ = glue_values({**f2, "cor1_tightest": fmt(f2["cor1_tightest"], 6), "cor1_verdi
 #
 # ```{prf:remark} Length-aware and sparse normalizers
 # :label: ch1-escape
+# :nonumber:
 #
 # * **Scalable softmax** {cite}`nakanishi2025scalable` multiplies the logits by $s\log n$, where $n$
 #   is the number of keys the row sees. It is Eq. (3) with $F(l,\theta)=\exp(s\log(n)\,l/T)=n^{sl/T}$,
@@ -555,8 +576,10 @@ session.provenance_table()
 # *Optimality.* Take one logit at $-a$ and the other $L-1$ at $+a$. The weight of the first key is
 #
 # $$
-# \alpha_1=\frac{e^{-a/T}}{e^{-a/T}+(L-1)e^{a/T}},\qquad
-# L\alpha_1=\frac{L}{1+(L-1)e^{2a/T}}=\frac{1}{e^{2a/T}+(1-e^{2a/T})/L}.
+# \begin{aligned}
+# \alpha_1&=\frac{e^{-a/T}}{e^{-a/T}+(L-1)e^{a/T}},\\
+# L\alpha_1&=\frac{L}{1+(L-1)e^{2a/T}}=\frac{1}{e^{2a/T}+(1-e^{2a/T})/L}.
+# \end{aligned}
 # $$
 #
 # Since $1-e^{2a/T}<0$, $L\alpha_1$ decreases in $L$ and tends to $e^{-2a/T}=C_1$. So for any

@@ -42,7 +42,7 @@
 # * the idea of a two-sample test (the KS statistic is the largest gap between two empirical distribution
 #   functions).
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "remove-cell"]
 # Parameters (papermill). Every one is checked in the next cell.
 model = "auto"                         # model measured: "auto" (GPT-2 if it can be had, else SmolLM2-135M), "gpt2", "smollm2-135m", ...
 corpus = "war-and-peace"               # "war-and-peace" or the path of a UTF-8 text file
@@ -61,12 +61,14 @@ vectors = "value"                      # per-head vectors used as the x_i: "valu
 distance_reading = "sum_of_norms"      # reading of d~ measured on the model: "sum_of_norms" (ours) or "norm_of_sum"
 rows_per_octave = None                 # None: every query row, as the paper; K: K rows sampled per octave of positions (quicker)
 
-# %%
+# %% tags=["remove-input"]
+from attn_utils.book.formatting import parameter_table
 from attn_utils.book.params import checked
 
 p = checked(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, device=device, seed=seed, N=N, lengths=lengths,
             Ns=Ns, ks_alpha=ks_alpha, n_trials=n_trials, n_samples=n_samples, vectors=vectors,
             distance_reading=distance_reading, rows_per_octave=rows_per_octave)
+parameter_table(p)
 
 # %% tags=["hide-input"]
 import functools
@@ -93,6 +95,7 @@ gen = torch.Generator().manual_seed(seed)  # every synthetic draw below comes fr
 #
 # ```{prf:definition} Top-$N$ set, its weight and its context vector
 # :label: ch2-def-topn
+# :nonumber:
 #
 # For $1\le N\le L-1$ the **top-$N$ set** $I_N\subset\{1,\dots,L\}$ holds the indices of the $N$
 # largest weights (ties go to the earlier key); $U_N=\{1,\dots,L\}\setminus I_N$ is the set of the
@@ -113,6 +116,7 @@ gen = torch.Generator().manual_seed(seed)  # every synthetic draw below comes fr
 #
 # ```{prf:definition} Cumulative distance $\tilde d$ (our reading of Eq. (7))
 # :label: ch2-def-distance
+# :nonumber:
 #
 # $$
 # \tilde d \;=\; \sum_{i\in U_N}\big\|\alpha_i x_i - s\big\|_2
@@ -146,6 +150,7 @@ gen = torch.Generator().manual_seed(seed)  # every synthetic draw below comes fr
 #
 # ```{prf:theorem} Theorem 1, fixed top-$N$ set (our completion of a truncated formula)
 # :label: ch2-thm1-fixed
+# :nonumber:
 #
 # Let $\alpha_1,\dots,\alpha_L\ge0$ with $\sum_i\alpha_i=1$, let $I\subset\{1,\dots,L\}$ have $N$
 # elements, $1\le N\le L-1$, $U$ its complement, and suppose $\bar\alpha_N=\sum_{j\in I}\alpha_j\ge\alpha_i$
@@ -198,15 +203,17 @@ gen = torch.Generator().manual_seed(seed)  # every synthetic draw below comes fr
 #
 # ```{prf:theorem} Theorem 1, uniformly random $N$-set (our reconstruction)
 # :label: ch2-thm1-random
+# :nonumber:
 #
 # Let $\alpha_i\ge0$, $x_i\in\mathbb R^d$, $1\le N\le L-1$, let $I$ be uniform over the $N$-subsets of
 # $\{1,\dots,L\}$, $s_I=\sum_{j\in I}\alpha_j x_j$ and $\tilde d(I)=\sum_{i\notin I}\|\alpha_i x_i-s_I\|$.
 # Then
 #
 # $$
-# \mathbb E_I\big[\tilde d(I)\big]\;=\;\mathcal E+\varepsilon,\qquad
-# \mathcal E=\frac{L-N}{L}\sum_{i=1}^{L}\Big\|\alpha_i x_i-\frac{N}{L-1}\sum_{j\neq i}\alpha_j x_j\Big\|_2,
-# \qquad \varepsilon\ge0,
+# \begin{aligned}
+# \mathbb E_I\big[\tilde d(I)\big]&=\mathcal E+\varepsilon,\qquad \varepsilon\ge0,\\
+# \mathcal E&=\frac{L-N}{L}\sum_{i=1}^{L}\Big\|\alpha_i x_i-\frac{N}{L-1}\sum_{j\neq i}\alpha_j x_j\Big\|_2,
+# \end{aligned}
 # $$
 #
 # and $\varepsilon=0$ when $N=L-1$.
@@ -241,13 +248,28 @@ gen = torch.Generator().manual_seed(seed)  # every synthetic draw below comes fr
 #
 # ```{prf:corollary} Corollary 2, quantitative form (our reconstruction)
 # :label: ch2-cor2
+# :nonumber:
 #
 # In the setting of {prf:ref}`Theorem 1 (random set) <ch2-thm1-random>` let $A=\sum_i\|\alpha_i x_i\|$, $m=\sum_i\alpha_i x_i$
 # and $c=N/(L-1)$. Then
 #
-# 1. (few selected tokens) $\displaystyle|\mathcal E-A|\;\le\;\frac NL\,A+\frac{L-N}{L}\,c\sum_i\|m-\alpha_i x_i\|
-#    \;\le\;\frac{N}{L-1}\,\big(2A+L\|m\|\big)$;
-# 2. (almost all selected) $\displaystyle\mathcal E\;\le\;\frac{L-N}{L}\big((1+c)A+cL\|m\|\big)\;\le\;(L-N)\Big(\frac{2A}{L}+\|m\|\Big)$.
+# 1. (few selected tokens)
+#
+#    $$
+#    \begin{aligned}
+#    |\mathcal E-A| &\le \frac NL\,A+\frac{L-N}{L}\,c\sum_i\|m-\alpha_i x_i\|\\
+#    &\le \frac{N}{L-1}\,\big(2A+L\|m\|\big);
+#    \end{aligned}
+#    $$
+#
+# 2. (almost all selected)
+#
+#    $$
+#    \begin{aligned}
+#    \mathcal E &\le \frac{L-N}{L}\big((1+c)A+cL\|m\|\big)\\
+#    &\le (L-N)\Big(\frac{2A}{L}+\|m\|\Big).
+#    \end{aligned}
+#    $$
 #
 # In particular $\mathcal E\le 2A+N\|m\|\le(2+N)\max_i\|x_i\|$ for every $L$.
 # ```
@@ -533,12 +555,26 @@ table(sampling_error, index=True)
 # the first size, in increasing order, whose test does not reject equality at level `ks_alpha`
 # ($p>\alpha$), and $-1$ if every test rejects. The samples of each test are the per-head means $\bar d$
 # and $\bar{\mathcal E}$ of all heads.
+#
+# ````{admonition} How it is computed: Algorithm 3, the critical $N$
+# :class: dropdown
+# The library's Algorithm 3 (`attn_utils.mathematics.algorithms.critical_n`), as this chapter runs it: per length
+# and size of the grid, a two-sample KS test of the per-head means $\bar d$ against $\bar{\mathcal E}$; the
+# critical $N$ is the first size whose test does not reject.
+#
+# ```{literalinclude} ../attn_utils/mathematics/algorithms.py
+# :language: python
+# :pyobject: critical_n
+# ```
+# ````
+#
 
 # %% tags=["hide-input"]
 del weights, x  # the head means are all we need from here on
 figures.glue_figure("fig_ch2_figure2ab", distance.figure2_ab_figure(
     fig2, N=N, model=session.name,
-    title=f"Figure 2 (a, b) on War and Peace ({vectors} vectors, {distance_reading.replace('_', ' ')})"))
+    title=f"The paper's Figure 2 (a, b) redrawn on War and Peace "
+          f"({vectors} vectors, {distance_reading.replace('_', ' ')})"))
 figures.glue_figure("fig_ch2_figure2c", distance.figure2_c_figure(fig2, alpha=ks_alpha, model=session.name))
 
 # %% [markdown]
@@ -628,7 +664,9 @@ glue_values({**captured, **checks, **facts, **distance.figure2_readings(facts, r
 # distance by {glue:text}`m_gap_5_text` at $N=5$ and by {glue:text}`m_gap_100_text` at $N=100$ (our rule:
 # {glue:text}`m_rule_converge`).
 #
-# **Panel (c)** ({numref}`fig-ch2-figure2c`). The critical $N$ is {glue:text}`m_crit_table`; where a size is accepted it is between
+# **Panel (c)** ({numref}`fig-ch2-figure2c`). The critical $N$ is {glue:text}`m_crit_table`: the grid tests only
+# its sizes, so each value is the first accepted size of the grid, and the first accepted $N$ lies between the
+# rejected size below it and that size. Where a size is accepted it is between
 # {glue:text}`m_crit_min_frac` and {glue:text}`m_crit_max_frac` of the length, against the paper's
 # "fewer than 6 %" (our rule: {glue:text}`m_rule_critical`, where "within" means a critical $N$ of at
 # most $0.06L$). {glue:text}`m_read_006`. Panel (a) explains why: at small $N$ the top-$N$ distance

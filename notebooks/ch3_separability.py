@@ -40,7 +40,7 @@
 # * Markov's and Hoeffding's inequalities, for the discussion of the proof sketch;
 # * reading PyTorch and pandas code.
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "remove-cell"]
 # Parameters (papermill). Every one is checked in the next cell.
 model = "auto"            # model measured: "auto" (GPT-2 if it can be had, else SmolLM2-135M), "gpt2", "smollm2-135m", ...
 corpus = "war-and-peace"  # "war-and-peace" or the path of a UTF-8 text file
@@ -55,12 +55,14 @@ vectors = "value"         # per-head vectors playing the role of the x_i: "value
 sigmas = [0.5, 1.0, 2.0]  # standard deviations of the N(0, sigma^2) logits of the synthetic rows
 n_trials = 100            # synthetic instances (embeddings + 4 query rows) per sigma
 
-# %%
+# %% tags=["remove-input"]
+from attn_utils.book.formatting import parameter_table
 from attn_utils.book.params import checked
 
 p = checked(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, device=device, seed=seed, Ns=Ns, M=M,
             vectors=vectors, sigmas=sigmas, n_trials=n_trials)
 Ns = list(p.Ns)  # values of Ns not below L are dropped
+parameter_table(p)
 
 # %% tags=["hide-input"]
 import torch
@@ -223,9 +225,11 @@ glue_values({"fig1_L": fig1.L, "fig1_N": fig1.N, "fig1_sigma": fig1.sigma, "fig1
 # $S_2=\sum_{j\in I_N\setminus\{i\}}\alpha_j^2$ and
 #
 # $$
-# \xi_i^2 \;=\; M^2\!\!\sum_{j\in I_N\setminus\{i\}}\!\!\alpha_j^2
-# \;+\;\Big(M^2-\frac{\delta^2}{2}\Big)\!\!\sum_{\substack{j\ne k\\ j,k\in I_N\setminus\{i\}}}\!\!\alpha_j\alpha_k
-# \;=\; M^2S_1^2-\frac{\delta^2}{2}\big(S_1^2-S_2\big).
+# \begin{aligned}
+# \xi_i^2 &= M^2\!\!\sum_{j\in I_N\setminus\{i\}}\!\!\alpha_j^2
+# +\Big(M^2-\frac{\delta^2}{2}\Big)\!\!\sum_{\substack{j\ne k\\ j,k\in I_N\setminus\{i\}}}\!\!\alpha_j\alpha_k\\
+# &= M^2S_1^2-\frac{\delta^2}{2}\big(S_1^2-S_2\big).
+# \end{aligned}
 # $$
 #
 # Then, deterministically, $X_i=\|s-\alpha_i x_i\|_2\le\xi_i$, and more precisely
@@ -247,6 +251,23 @@ glue_values({"fig1_L": fig1.L, "fig1_N": fig1.N, "fig1_sigma": fig1.sigma, "fig1
 # non-negative and $X_i^2\le\xi_i^2$. The second form of $\xi_i^2$ uses
 # $\sum_{j\ne k}\alpha_j\alpha_k=S_1^2-S_2$.
 # ```
+#
+# ````{admonition} How it is computed: the spread $\xi_i$ and the bounds of Theorem 2
+# :class: dropdown
+# The library's kernels behind `attn_utils.mathematics.theory.theorem2_xi` and `theorem2_bounds`:
+# $\xi_i^2=M^2S_1^2-\tfrac{\delta^2}{2}(S_1^2-S_2)$ from leave-one-out sums, then the lower bound
+# $1-\sum_i\xi_i/(Nr)$ and the exponential "upper bound".
+#
+# ```{literalinclude} ../attn_utils/mathematics/kernels.py
+# :language: python
+# :pyobject: xi_values
+# ```
+#
+# ```{literalinclude} ../attn_utils/mathematics/kernels.py
+# :language: python
+# :pyobject: theorem2_selected
+# ```
+# ````
 #
 # The identity shows exactly how loose $\xi_i$ is: it replaces every pairwise distance among the
 # selected tokens by the *smallest* pairwise distance of all $L$ tokens. In $d=64$, random points on the

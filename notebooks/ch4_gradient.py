@@ -42,7 +42,7 @@
 #   largest eigenvalue in absolute value);
 # * the variance of a discrete random variable.
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "remove-cell"]
 # Parameters (papermill). Every one is checked in the next cell.
 model = "auto"            # model measured: "auto" (GPT-2 if it can be had, else SmolLM2-135M), "gpt2", "smollm2-135m", ...
 corpus = "war-and-peace"  # "war-and-peace" or the path of a UTF-8 text file
@@ -56,11 +56,13 @@ epsilons = [1e-3, 1e-1, 10.0]  # perturbation sizes eps of g(T, eps) (the paper'
 logit_scale = "raw"       # "raw" (logits q.k; the model's own T is 1/scaling, 8 at head dim 64) or "model" (logits q.k*scaling; own T is 1)
 n_trials = 3000           # random synthetic instances for each numerical check of the theory
 
-# %%
+# %% tags=["remove-input"]
+from attn_utils.book.formatting import parameter_table
 from attn_utils.book.params import checked
 
 p = checked(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, device=device, seed=seed, Ts=Ts,
             epsilons=epsilons, logit_scale=logit_scale, n_trials=n_trials)
+parameter_table(p)
 
 # %% tags=["hide-input"]
 import math
@@ -99,9 +101,11 @@ figures.set_style()
 # properties (our reconstruction, `theory.two_logit_example`):
 #
 # $$
-# l^{(1)} = (c+\varepsilon,\; c,\; l_3,\dots,l_L), \qquad
-# l^{(2)} = (c-\varepsilon,\; c+\varepsilon,\; l_3,\dots,l_L), \qquad
-# l^{(1)}-l^{(2)} = (2\varepsilon, -\varepsilon, 0,\dots,0),
+# \begin{aligned}
+# l^{(1)} &= (c+\varepsilon,\; c,\; l_3,\dots,l_L),\\
+# l^{(2)} &= (c-\varepsilon,\; c+\varepsilon,\; l_3,\dots,l_L),\\
+# l^{(1)}-l^{(2)} &= (2\varepsilon, -\varepsilon, 0,\dots,0),
+# \end{aligned}
 # $$
 #
 # with $l_3,\dots,l_L < c-\varepsilon$. We fix $\varepsilon$ and sweep $T$, so that $\varepsilon/T$
@@ -150,6 +154,7 @@ figures.glue_figure("fig_ch4_two_logit", gradient.plot_two_logit(example))
 #
 # ```{prf:remark} How good is the first-order expansion? (ours)
 # :label: ch4-rem-taylor
+# :nonumber:
 #
 # Write $z=l^{(2)}/T$ and $u=(l^{(1)}-l^{(2)})/T$, and let $\alpha(t)=\operatorname{softmax}(z+tu)$,
 # $\bar u(t)=\sum_i\alpha_i(t)u_i$. Then $\alpha_i'=\alpha_i(u_i-\bar u)$ and
@@ -157,7 +162,7 @@ figures.glue_figure("fig_ch4_two_logit", gradient.plot_two_logit(example))
 # $\|\alpha''\|_2\le\|\alpha''\|_1\le 2\operatorname{Var}_\alpha(u)\le\tfrac12(\max u-\min u)^2\le\|u\|_2^2$.
 # Taylor's formula with integral remainder gives
 # $\|\alpha^{(1)}-\alpha^{(2)}-J\,(l^{(1)}-l^{(2)})\|_2\le\|l^{(1)}-l^{(2)}\|_2^2/(2T^2)=5\varepsilon^2/(2T^2)$,
-# and the mean-value argument of {prf:ref}`ch4-thm-corrected` gives
+# and the mean-value argument of {prf:ref}`the corrected Corollary 3 <ch4-thm-corrected>` gives
 # $\|\alpha^{(1)}-\alpha^{(2)}\|_2\le\min\{\sqrt5\,\varepsilon/(2T),\sqrt2\}$.
 # ```
 #
@@ -176,6 +181,7 @@ figures.glue_figure("fig_ch4_two_logit", gradient.plot_two_logit(example))
 #
 # ```{prf:lemma} Lemma 2, Jacobian of a general normalizer (our reconstruction of a lost display)
 # :label: ch4-lem2
+# :nonumber:
 #
 # Let $F(\cdot,\theta)$ be differentiable and positive, and write $F_i=F(l_i,\theta)$,
 # $F'_i=\partial_l F(l_i,\theta)$, $S=\sum_{j=1}^L F_j$ and $\alpha_i=F_i/S$. Then
@@ -220,11 +226,12 @@ claims.record("ch4-lemma2", model="synthetic", **gradient.claim_values("ch4-lemm
 
 # %% [markdown]
 # The analytic Jacobian agrees with automatic differentiation to a relative error of
-# {glue:text}`lem2_max_error`, and the bound of {prf:ref}`ch4-lem2` has {glue:text}`lem2_violations` violations;
+# {glue:text}`lem2_max_error`, and the bound of {prf:ref}`Lemma 2 <ch4-lem2>` has {glue:text}`lem2_violations` violations;
 # the bound is never tighter than {glue:text}`lem2_min_ratio` times the norm.
 #
 # ```{prf:remark} Lemma 2 is a poor bound for the softmax
 # :label: ch4-rem-lem2-softmax
+# :nonumber:
 #
 # For $F=e^{l/T}$ we have $F'=F/T$, and the first term alone is
 # $\max_kF_k/(T\,L\min_jF_j) = e^{(\max l-\min l)/T}/(LT)$: exponential in the spread of the logits
@@ -232,7 +239,7 @@ claims.record("ch4-lemma2", model="synthetic", **gradient.claim_values("ch4-lemm
 # {glue:text}`lem2_soft_median` in the median and {glue:text}`lem2_soft_max` at worst. The paper's
 # remark that the bound "grows when some $F(l_j)$ approaches zero" is this effect; for the softmax it
 # is an artefact of the triangle inequality, because the exact norm never exceeds $1/(2T)$
-# ({prf:ref}`ch4-thm-corrected`).
+# ({prf:ref}`the corrected Corollary 3 <ch4-thm-corrected>`).
 # ```
 
 # %% [markdown]
@@ -240,6 +247,7 @@ claims.record("ch4-lemma2", model="synthetic", **gradient.claim_values("ch4-lemm
 #
 # ```{prf:corollary} Corollary 3, softmax (the paper's statement, recovered)
 # :label: ch4-cor3
+# :nonumber:
 #
 # For $\alpha=\operatorname{softmax}(l/T)$,
 # $\displaystyle \|\nabla_l\alpha\|_2\le\min\Big\{\frac{1}{4T},\ \sqrt2\Big\}$.
@@ -272,6 +280,7 @@ claims.record("ch4-corollary3-spectral", model="synthetic", **gradient.claim_val
 #
 # ```{prf:theorem} Corrected Corollary 3 (ours)
 # :label: ch4-thm-corrected
+# :nonumber:
 #
 # Let $\alpha=\operatorname{softmax}(l/T)$, $J=\nabla_l\alpha$, and let $v$ be any unit vector and
 # $\varepsilon>0$. Then
@@ -302,6 +311,28 @@ claims.record("ch4-corollary3-spectral", model="synthetic", **gradient.claim_val
 # J(l+t\varepsilon v)\,\varepsilon v\,dt$, whose norm is at most $\varepsilon/(2T)$ by (2). And two
 # probability vectors $p,p'$ satisfy $\|p-p'\|_2^2\le\|p-p'\|_1\max_i|p_i-p'_i|\le2\cdot1$.
 # ```
+#
+# ````{admonition} How it is computed: the softmax Jacobian and its bounds
+# :class: dropdown
+# The library's functions (`attn_utils.mathematics.theory`): the Jacobian
+# $(\operatorname{diag}\alpha-\alpha\alpha^\top)/T$, the paper's Corollary 3 as stated, and the corrected bound
+# $1/(2T)$ on its spectral norm.
+#
+# ```{literalinclude} ../attn_utils/mathematics/theory/lemma2.py
+# :language: python
+# :pyobject: softmax_jacobian
+# ```
+#
+# ```{literalinclude} ../attn_utils/mathematics/theory/lemma2.py
+# :language: python
+# :pyobject: corollary3_bound
+# ```
+#
+# ```{literalinclude} ../attn_utils/mathematics/theory/lemma2.py
+# :language: python
+# :pyobject: softmax_jacobian_norm_bound
+# ```
+# ````
 #
 # So the constant $\tfrac14$ is right for single entries and wrong by a factor two for the spectral
 # norm, and the cap $\sqrt2$ belongs to the finite difference multiplied by $\varepsilon$, not to the

@@ -51,7 +51,7 @@
 # - a pretrained model read through `Session` ({doc}`ch0_setting`); the model is re-normalized, never
 #   retrained.
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "remove-cell"]
 # Parameters (papermill). Every one is checked in the next cell.
 model = "auto"            # model measured: "auto" (GPT-2 if it can be had, else SmolLM2-135M), "gpt2", "smollm2-135m", ...
 corpus = "war-and-peace"  # "war-and-peace" or the path of a UTF-8 text file
@@ -70,12 +70,14 @@ n_trials = 200            # synthetic rows per (length, family) and for the grad
 n_samples = 200           # permutations of the multi-head independence test
 rows_per_octave = 4       # query rows sampled per octave of positions [2^k, 2^(k+1)) of the model's window
 
-# %%
+# %% tags=["remove-input"]
+from attn_utils.book.formatting import parameter_table
 from attn_utils.book.params import checked
 
 p = checked(model=model, corpus=corpus, chapters=chapters, offset=offset, L=L, device=device, long_lengths=long_lengths, seed=seed,
             normalizers=normalizers, synthetic_lengths=synthetic_lengths, Ts=Ts, N=N, Ns=Ns, n_trials=n_trials,
             n_samples=n_samples, rows_per_octave=rows_per_octave)
+parameter_table(p)
 
 # %% tags=["hide-input"]
 import time
@@ -117,6 +119,7 @@ rng = torch.Generator().manual_seed(seed)   # every synthetic draw of the chapte
 #
 # ```{prf:proposition} Homogeneity of the geometric lenses (ours)
 # :label: ch6-prop-homogeneity
+# :nonumber:
 #
 # Let $\alpha\ge0$ be a row of weights with mass $m=\sum_i\alpha_i>0$ and let $c>0$. The top-$N$ set
 # of $c\alpha$ is that of $\alpha$, $\tilde d(c\alpha)=c\,\tilde d(\alpha)$ (sum-of-norms reading of
@@ -147,13 +150,14 @@ rng = torch.Generator().manual_seed(seed)   # every synthetic draw of the chapte
 # %% [markdown]
 # ## Lens 1: who escapes Lemma 1, and why
 #
-# Lemma 1 ({prf:ref}`ch1-lemma1`) needs three things: the rule has the form of Eq. (3) with a positive
+# {prf:ref}`Lemma 1 <ch1-lemma1>` needs three things: the rule has the form of Eq. (3) with a positive
 # $F$, its parameters $\theta$ do not involve the length $L$, and the logits are bounded, $|l_i|\le a$.
 # Then every weight is between $C_1/L$ and $C_2/L$. The remedies break different hypotheses, and two
 # of the alternatives break none that matters.
 #
 # ```{prf:proposition} Softmax-1 and self-adjust softmax still vanish (ours)
 # :label: ch6-prop-still-vanish
+# :nonumber:
 #
 # Let $|l_i|\le a$ for all $i$, $T>0$, $b=a/T$. For every $L\ge1$ and every key $i$:
 #
@@ -170,7 +174,7 @@ rng = torch.Generator().manual_seed(seed)   # every synthetic draw of the chapte
 # $[1+Le^{-b},1+Le^{b}]$ and the bounds on $\alpha_i$ follow; $e^b/(1+Le^{-b})\le e^b/(Le^{-b})$.
 # The mass is $S/(1+S)$ with $S\ge Le^{-b}$, and $x\mapsto x/(1+x)$ is increasing.
 # (2) $|\alpha_i|=|z_i|\,\mathrm{softmax}(z)_i\le b\cdot e^{2b}/L$ by Corollary 1
-# ({prf:ref}`ch1-cor1`) with $\Delta/T$ replaced by $b$. (3) The factor
+# ({prf:ref}`Corollary 1 <ch1-cor1>`) with $\Delta/T$ replaced by $b$. (3) The factor
 # $(z_i-\min(z_{\min},0))/(\max(z_{\max},0)-\min(z_{\min},0))$ lies in $[0,1]$, so
 # $0\le\alpha_i\le\mathrm{softmax}(z)_i\le e^{2b}/L$.
 # ```
@@ -182,6 +186,7 @@ rng = torch.Generator().manual_seed(seed)   # every synthetic draw of the chapte
 #
 # ```{prf:proposition} Scalable softmax, sparsemax and 1.5-entmax escape (ours)
 # :label: ch6-prop-escape
+# :nonumber:
 #
 # Let one key of a row of $n$ keys have a logit that exceeds every other logit by at least $g>0$.
 #
@@ -242,7 +247,7 @@ figures.glue_figure("fig_ch6_lemma1_synthetic", beyond.plot_lemma1_synthetic(lem
 # **Lemma 1's lens on synthetic rows** (no model; logits bounded by $a=$ {glue:text}`syn_a`, $T=1$). One line per
 # normalizer, in the colours of every figure of this chapter. Look at (b): the lines that stay flat belong to the
 # rules that let an outstanding key keep its weight however long the row; the lines parallel to the dotted $1/L$
-# belong to the rules that Lemma 1 or {prf:ref}`ch6-prop-still-vanish` force to vanish.
+# belong to the rules that Lemma 1 or {prf:ref}`the proposition on softmax-1 and self-adjust softmax <ch6-prop-still-vanish>` force to vanish.
 # ```
 #
 # Every weight of the {glue:text}`syn_rows_lemma` synthetic rows (logits in $[-a,a]$ with
@@ -269,6 +274,7 @@ figures.glue_figure("fig_ch6_lemma1_synthetic", beyond.plot_lemma1_synthetic(lem
 #
 # ```{prf:proposition} The distance is a count times the context vector (ours)
 # :label: ch6-prop-count
+# :nonumber:
 #
 # Let $\alpha\ge0$ be a row over $L_r$ visible keys, $I$ its top-$N$ set, $s=\sum_{i\in I}\alpha_ix_i$
 # and $R=\max_i\|x_i\|$. Then
@@ -300,7 +306,7 @@ figures.glue_figure("fig_ch6_lemma1_synthetic", beyond.plot_lemma1_synthetic(lem
 # and we measure, per normalizer, $\tilde d$ (sum-of-norms reading, {doc}`ch2_distance`) against $L$
 # at $N=${glue:text}`N_used`, and $\tilde d$ and $N_s/N$ (the strict count of
 # {doc}`ch3_separability`) against $N$ at the largest length, and check
-# {prf:ref}`ch6-prop-count` on every row. Sparse rules can give a row fewer than $N$ non-zero
+# {prf:ref}`the count proposition <ch6-prop-count>` on every row. Sparse rules can give a row fewer than $N$ non-zero
 # weights; the top-$N$ set is then padded with zero-weight keys (ties go to the earlier key). Such a
 # key sits at $\alpha_ix_i=0$, at the same distance $\|s\|$ from $s$ as every zero-weight key outside
 # the set, so it is never separated: on such rows $N_s\le$ (support size). We keep these rows (the
@@ -348,12 +354,12 @@ claims.record("ch6-distance-count", model="synthetic", **geometry.claim());
 # data is trained.
 # ```
 #
-# {prf:ref}`ch6-prop-count` holds on all {glue:text}`count_rows` (row, $N$) pairs
+# {prf:ref}`the count proposition <ch6-prop-count>` holds on all {glue:text}`count_rows` (row, $N$) pairs
 # ({glue:text}`count_violations` violations). The log-log slope of the median distance against $L$
 # (at $N=${glue:text}`N_used`, {numref}`fig-ch6-distance-synthetic`) is {glue:text}`syn_dist_slopes`: with bounded logits the distance
 # grows (slope at least {glue:text}`grows_rule`) for {glue:text}`syn_grow`, and stays nearly flat for
 # {glue:text}`syn_flat`. By the proposition the slope is one plus the rate at which $\|s\|$
-# shrinks: for the rules bound by Lemma 1 or {prf:ref}`ch6-prop-still-vanish` every top weight is
+# shrinks: for the rules bound by Lemma 1 or {prf:ref}`the proposition on softmax-1 and self-adjust softmax <ch6-prop-still-vanish>` every top weight is
 # $O(1/L)$, so $\tilde d$ stays bounded; on these typical rows the top weights of the other rules
 # shrink more slowly (about $\log(L)/L$ for SSMax, as computed above, and more slowly still for the
 # sparse rules, whose support grows sublinearly). At $N=${glue:text}`syn_Nmax` the mean separability
@@ -368,6 +374,7 @@ claims.record("ch6-distance-count", model="synthetic", **geometry.claim());
 #
 # ```{prf:proposition} Jacobians of the normalizers (ours)
 # :label: ch6-prop-jacobians
+# :nonumber:
 #
 # Write $z=l/T$, $J=\partial\alpha/\partial l$, and $\mathbf 1_S$ for the indicator of the support
 # $S=\{i:\alpha_i>0\}$. Then, with $p=\mathrm{softmax}(z)$ and $r=\sqrt\alpha$ entrywise,
@@ -445,7 +452,7 @@ claims.record("ch6-jacobians", model="synthetic", **gradient.claim());
 # ```
 #
 # The closed forms agree with automatic differentiation to {glue:text}`ad_error` (relative), and the
-# norm bounds of {prf:ref}`ch6-prop-jacobians` have {glue:text}`bound_violations` violations. As $T$
+# norm bounds of {prf:ref}`the proposition on the Jacobians <ch6-prop-jacobians>` have {glue:text}`bound_violations` violations. As $T$
 # falls to {glue:text}`T_min`, the ratio of the median norm to its largest median is
 # {glue:text}`syn_usable_ratios`. By our rule (a ratio of at least {glue:text}`usable_rule`),
 # {glue:text}`syn_keep` keep a usable gradient and {glue:text}`syn_lose` lose it. Panel (b) of
@@ -493,6 +500,15 @@ glue_values(logits.prose())
 # most {glue:text}`m_err`. The normalizer lenses use {glue:text}`m_rows` sampled rows $t\le L$ per head;
 # the long-context part adds {glue:text}`m_rows_extra` rows beyond. SSMax uses
 # $s=1/\log L=${glue:text}`m_s`.
+#
+# ```{note}
+# **Why a number here can differ from the same number in chapters 1-3.** The softmax curves of this chapter
+# measure quantities that chapters 1-3 measure too (the slope of the largest weight against $t$, the mean
+# distance $\tilde d$ at $N=5$ and $L=1024$, $N_s/N$ at $N=32$), but from the sampled rows, weighted by the rows
+# they stand for, where chapters 1-3 use every row. The definitions are the same; the difference is the
+# sampling error of this estimator, which {doc}`ch2_distance` measures against every row for the distance.
+# The ledger records the chapters' own values under their own claims.
+# ```
 #
 # ### Lemma 1 on the model
 #
@@ -573,11 +589,11 @@ glue_values(geometry_model.prose())
 #
 # The fast path and the library route agree to {glue:text}`route_err` on the checked layer. At
 # $N=${glue:text}`N_used` the median over heads of the mean distance is {glue:text}`m_dist`, and the
-# count term $(L_r-N)\|s\|$ of {prf:ref}`ch6-prop-count` makes up a median share of
+# count term $(L_r-N)\|s\|$ of {prf:ref}`the count proposition <ch6-prop-count>` makes up a median share of
 # {glue:text}`m_count_share` of each row's distance: on the model, $\tilde d$ is essentially the
 # number of non-selected keys times the size of the context vector. At $N=${glue:text}`m_Nmax` the
 # median separability is {glue:text}`m_sep`. Softmax-1 coincides with softmax in separability
-# ({prf:ref}`ch6-prop-homogeneity`), and its distance is smaller by its mass. The sparse rules keep
+# ({prf:ref}`the homogeneity proposition <ch6-prop-homogeneity>`), and its distance is smaller by its mass. The sparse rules keep
 # fewer than $N$ keys on {glue:text}`m_short` of the rows; the zero-weight padding of their top-$N$
 # sets cannot be separated, which pulls their fraction down. On the rows whose support holds at least
 # $N$ keys their separability is {glue:text}`m_sep_full`.
@@ -662,7 +678,9 @@ if {"self_adjust", "self_adjust_normalized"} & set(names) and "softmax" in names
 # {numref}`fig-ch6-long-context` use the model's own attention (softmax), as in the paper: the distance $\tilde d$ at $N=${glue:text}`N_used`
 # against the window length (Figure 2a of the paper), and the separability $N_s/N$ against $N$ at $L$
 # and at the longest window (the paper's Figure 3). The largest weight against $t$ was shown above for every
-# normalizer, right of the grey line.
+# normalizer, right of the grey line. Like every model number of this chapter, these come from the sampled rows:
+# at the lengths that {doc}`ch2_distance` and {doc}`ch3_separability` measure too, they differ from those
+# chapters' every-row values by the sampling error (see the note above), not by another definition.
 
 # %%
 long = beyond.long_context(logits, geometry_model)
@@ -712,6 +730,7 @@ glue_values({**long.prose(lemma_model), "dist_long_verdict": distance_claim.verd
 #
 # ```{prf:definition} Coverage of a query row by the heads of a layer (ours)
 # :label: ch6-def-coverage
+# :nonumber:
 #
 # For one layer and query row, let $I_N^h$ be the top-$N$ set of head $h$, $S^h\subseteq I_N^h$ its
 # separated keys (Definition (10), strict count), and $k_h=|S^h|$. The **universe** is
@@ -721,6 +740,7 @@ glue_values({**long.prose(lemma_model), "dist_long_verdict": distance_claim.verd
 #
 # ```{prf:proposition} Coverage under independence (ours)
 # :label: ch6-prop-coverage
+# :nonumber:
 #
 # If each $S^h$ is a uniformly random subset of size $k_h$ of $I_N^h$, independently across heads,
 # then a key $i\in U$ is missed by every head with probability
@@ -736,9 +756,26 @@ glue_values({**long.prose(lemma_model), "dist_long_verdict": distance_claim.verd
 # $|U|=N$ and $k_h=pN$, each product is $(1-p)^H$.
 # ```
 #
+# ````{admonition} How it is computed: the paper's multi-head coverage
+# :class: dropdown
+# The library's functions (`attn_utils.mathematics.theory`): the paper's $1-(1-p)^H$, computed as
+# $-\operatorname{expm1}(H\log(1-p))$ so that it stays accurate for tiny $p$, and the fewest heads that reach a
+# coverage.
+#
+# ```{literalinclude} ../attn_utils/mathematics/theory/coverage.py
+# :language: python
+# :pyobject: multihead_coverage
+# ```
+#
+# ```{literalinclude} ../attn_utils/mathematics/theory/coverage.py
+# :language: python
+# :pyobject: heads_for_coverage
+# ```
+# ````
+#
 # The test: per layer and sampled row $t\le L$ (model's own softmax, value vectors on the unit
 # sphere), the observed coverage against (a) the paper's $1-(1-\bar p)^H$ with $\bar p$ the mean
-# $N_s/N$ of the heads, and (b) the expectation of {prf:ref}`ch6-prop-coverage`, which accounts for
+# $N_s/N$ of the heads, and (b) the expectation of {prf:ref}`the coverage proposition <ch6-prop-coverage>`, which accounts for
 # the different top-$N$ sets. The null hypothesis "the separated sets are independent given what
 # each head selects" is tested by `n_samples` permutations that shuffle each head's separated
 # indicator within its own top-$N$ set (`mathematics.beyond.coverage`), with the total number of covered keys
@@ -774,7 +811,7 @@ glue_values({**coverage.prose(), **verdicts})
 # ---
 # **Coverage by the heads of a layer of {glue:text}`model_name`** (its own softmax, value vectors, rows
 # $t\le L$). (a) The share of the universe $U$ that at least one head separates, against the selection-aware
-# prediction of {prf:ref}`ch6-prop-coverage`, the paper's $1-(1-\bar p)^H$ and $\bar p$ itself; look at whether
+# prediction of {prf:ref}`the coverage proposition <ch6-prop-coverage>`, the paper's $1-(1-\bar p)^H$ and $\bar p$ itself; look at whether
 # the observed line follows the selection-aware one or the paper's. (b) Per $N$, the phi coefficients of the pairs
 # of heads on the keys both select: boxes centred above zero mean heads that separate the same keys.
 # ```
@@ -784,7 +821,7 @@ glue_values({**coverage.prose(), **verdicts})
 # heads together separate {glue:text}`cov_obs` of the universe. The paper's formula with $\bar p$
 # predicts {glue:text}`cov_paper`: it assumes one shared set of $N$ keys, and here it
 # {glue:text}`cov_paper_relation` what the heads cover (verdict: **{glue:text}`cov_verdict`**). The selection-aware prediction of
-# {prf:ref}`ch6-prop-coverage` is {glue:text}`cov_ind`. The observed coverage is
+# {prf:ref}`the coverage proposition <ch6-prop-coverage>` is {glue:text}`cov_ind`. The observed coverage is
 # {glue:text}`cov_z` null standard deviations from it: the heads cover {glue:text}`cov_direction`.
 # The permutation test gives $p$ {glue:text}`cov_pvalue` ({glue:text}`cov_nperm` permutations, so
 # $p$ cannot resolve values below one over that number), and {glue:text}`cov_layers` layers reject independence on their own at
@@ -823,7 +860,7 @@ glue_values({**coverage.prose(), **verdicts})
 #   violations). A key that stands out keeps its weight as the row grows under {glue:text}`escapers`,
 #   and loses it under {glue:text}`vanishers`, as the propositions predict.
 # - **Distance.** $\tilde d$ is the count term $(L_r-N)\|s\|$ up to the weight outside the top-$N$ set
-#   ({glue:text}`count_violations` violations of {prf:ref}`ch6-prop-count`); on the model that term makes
+#   ({glue:text}`count_violations` violations of {prf:ref}`the count proposition <ch6-prop-count>`); on the model that term makes
 #   up a median share {glue:text}`m_count_share` of each row's distance.
 # - **Gradients.** As $T$ falls, {glue:text}`syn_keep` keep a usable gradient on synthetic rows, and
 #   {glue:text}`m_keep` on the model's logits.
@@ -855,7 +892,7 @@ session.provenance_table()
 # :nonumber:
 #
 # Let $\alpha=\mathrm{softmax}_1(l/T)$ for a row of $L$ logits in $[-a,a]$.
-# (a) Prove the two-sided bound of {prf:ref}`ch6-prop-still-vanish` and deduce that the largest weight
+# (a) Prove the two-sided bound of {prf:ref}`the proposition on softmax-1 and self-adjust softmax <ch6-prop-still-vanish>` and deduce that the largest weight
 # is $O(1/L)$. (b) Show that the mass $m=\sum_i\alpha_i$ tends to 1 as $L\to\infty$, at rate
 # $1-m\le e^{a/T}/L$. (c) What must happen to the logits for a head with softmax-1 to attend to
 # (almost) nothing in a long row?
@@ -885,7 +922,7 @@ session.provenance_table()
 # Write a function `sparsemax_jacobian(row, T)` that takes one row of logits (a float64 tensor of
 # shape `(L,)`) and returns the $L\times L$ Jacobian of `attn_utils.mathematics.normalizers.sparsemax` at $T$
 # from the formula $J=(\operatorname{diag}(\mathbf 1_S)-\mathbf 1_S\mathbf 1_S^\top/|S|)/T$ of
-# {prf:ref}`ch6-prop-jacobians`, with $S$ the support of the weights. Compare it with automatic
+# {prf:ref}`the proposition on the Jacobians <ch6-prop-jacobians>`, with $S$ the support of the weights. Compare it with automatic
 # differentiation (`torch.autograd.functional.jacobian`) and with `attn_utils.mathematics.jacobian` on 50
 # random rows of 12 logits, and check that its spectral norm is $1/T$ exactly when the support has at
 # least two keys.

@@ -5,6 +5,7 @@ selenium and skip with a message when Chromium is not installed (CI installs it)
 """
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import tempfile
@@ -202,3 +203,114 @@ def test_pages_fit_a_phone_screen(built_book, tmp_path):
         assert (tmp_path / "phone.png").stat().st_size > 0
     finally:
         driver.quit()
+
+
+def _pages(html: Path) -> list[Path]:
+    return sorted(p for p in html.rglob("*.html") if p.parent.name in ("notebooks", "book") and not p.name.startswith("_"))
+
+
+NETWORK_SCRIPT = re.compile(r"<script[^>]+src=[\"'](?:https?:)?//", re.I)
+
+
+@pytest.mark.slow
+def test_pages_load_no_script_from_the_network(built_book):
+    """The book works offline: no script from a CDN (require.js, the ipywidgets manager, MathJax), no widget state."""
+    for page in _pages(built_book.html):
+        source = page.read_text()
+        assert not NETWORK_SCRIPT.findall(source), f"{page.name} loads a script from the network"
+        assert "application/vnd.jupyter.widget" not in source, f"{page.name} embeds ipywidgets state"
+
+
+# Every layout defect in one pass over a page: the cells of output tables with less than 4 px of horizontal padding,
+# display equations wider than their column, statement boxes whose title carries a number of the book (which would
+# name another result than the paper's), and numeric cells of output tables that are not right-aligned.
+LAYOUT = """
+const article = document.querySelector('article') || document.body;
+const tight = Array.from(article.querySelectorAll('table td, table th')).filter(c => {
+  const s = getComputedStyle(c);
+  return c.innerText.trim() && (parseFloat(s.paddingLeft) < 4 || parseFloat(s.paddingRight) < 4);
+}).map(c => c.innerText.slice(0, 20));
+const cut = Array.from(article.querySelectorAll('mjx-container[display="true"]')).filter(m => {
+  const math = m.querySelector('mjx-math');
+  return math && math.getBoundingClientRect().width > m.getBoundingClientRect().width + 1;
+}).map(m => {
+  const items = window.MathJax && MathJax.startup.document.getMathItemsWithin ? MathJax.startup.document
+    .getMathItemsWithin(m) : [];
+  return (items.length ? items[0].math : m.innerText).slice(0, 80);
+});
+const numbered = Array.from(article.querySelectorAll('div.proof > p.admonition-title')).map(t => t.innerText.trim())
+  .filter(t => /^(Definition|Theorem|Lemma|Corollary|Proposition|Remark|Assumption|Conjecture|Example)\\s+\\d/.test(t));
+const left = Array.from(article.querySelectorAll('table.output-table td.num'))
+  .filter(c => getComputedStyle(c).textAlign !== 'right').length;
+return JSON.stringify({tight: tight.slice(0, 5), cut: cut, numbered: numbered, left: left});
+"""
+
+
+@pytest.mark.slow
+def test_tables_equations_and_boxes_read_at_1280_px(built_book):
+    """At 1280 px: table cells padded, numbers right-aligned, every display equation within its column, and no
+    statement box numbered by the book (its number would collide with the paper's: "Theorem 2 (Theorem 1 ...)")."""
+    driver = _browser()
+    driver.set_script_timeout(30)
+    problems = []
+    try:
+        driver.set_window_size(1280, 2000)
+        for page in _pages(built_book.html):
+            driver.get(page.as_uri())
+            driver.execute_async_script(WAIT_FOR_MATHJAX)
+            found = json.loads(driver.execute_script(LAYOUT))
+            for kind, what in (("table cells with under 4 px of padding", found["tight"]),
+                               ("display equations wider than the column", found["cut"]),
+                               ("statement boxes numbered by the book", found["numbered"])):
+                if what:
+                    problems.append(f"{page.name}: {kind}: {what}")
+            if found["left"]:
+                problems.append(f"{page.name}: {found['left']} numeric cells not right-aligned")
+    finally:
+        driver.quit()
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.slow
+def test_no_page_scrolls_sideways_on_a_phone(built_book):
+    """At 400 px no page of the book is wider than the screen (tables, code and equations scroll in their boxes)."""
+    driver = _browser()
+    driver.set_script_timeout(30)
+    wide = {}
+    try:
+        driver.set_window_size(400, 900)
+        for page in _pages(built_book.html):
+            driver.get(page.as_uri())
+            driver.execute_async_script(WAIT_FOR_MATHJAX)
+            extra = driver.execute_script("return document.documentElement.scrollWidth - window.innerWidth")
+            if extra > 1:
+                wide[page.name] = extra
+    finally:
+        driver.quit()
+    assert not wide, f"pages that scroll sideways at 400 px (by px): {wide}"
+
+
+@pytest.mark.slow
+def test_figures_open_full_size(built_book):
+    """Every figure of a chapter is a link to its image (figures.js), so a click opens it at full size."""
+    driver = _browser()
+    try:
+        for page in _pages(built_book.html):
+            if "notebooks" not in page.parts:
+                continue
+            driver.get(page.as_uri())
+            unlinked = driver.execute_script(
+                "return Array.from(document.querySelectorAll('article figure img'))"
+                ".filter(i => !(i.closest('a') && i.closest('a').href)).map(i => i.getAttribute('src'))")
+            assert not unlinked, f"{page.name}: figures that do not open full size: {unlinked}"
+    finally:
+        driver.quit()
+
+
+def test_image_titles_do_not_number_figures():
+    """An image title that says "Figure 2" next to the book's caption "Figure 11" names two numbers for one figure:
+    a title that names one of the paper's figures says so ("the paper's Figure 2 ... redrawn")."""
+    sources = [*ROOT.glob("notebooks/*.py"), *ROOT.glob("attn_utils/book/chapters/**/*.py")]
+    bare = [f"{src.name}: {line.strip()[:80]}" for src in sources for line in src.read_text().splitlines()
+            if re.search(r"(title|model_title)\b.*[\"']Figure \d", line)]
+    assert not bare, f"image titles that number a figure: {bare}"

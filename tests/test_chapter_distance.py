@@ -250,6 +250,8 @@ def test_figure2_facts_on_known_panels():
     assert f["m_ratio_20"] == pytest.approx(2.0) and f["m_ratio_100"] == pytest.approx(2.0)
     assert f["m_gap_5"] == pytest.approx(0.5) and f["m_gap_100"] == pytest.approx(1 - 10.8 / 11.4)
     assert f["m_crit_within"] == [False, True] and f["m_crit_ledger"] == "L=32: 28; L=64: 3"
+    assert f["m_crit_table"] == ("L=32: N=28 (0.88 L; between 2 and 28, as the grid steps from 1 to 28), "
+                                 "L=64: N=3 (0.05 L, the smallest size tested)")
     assert f["m_p_006_tested"] == 2 and not f["m_p_006_reject_all"] and f["m_p_006_accepted"] == "64"
     assert f["m_rows_text"] == "100 sampled query rows per head (9.77 % of the rows)" and f["m_reading"] == "norm of sum"
     assert distance.rows_text(1024, 1024) == "every query row (1024 per head)"

@@ -35,13 +35,27 @@ def test_layer_checks_and_heatmaps_on_a_known_layer():
     assert checks["L_shown"] == 5 and checks["n_heads"] == 2 and checks["upper_max"] == 0
     assert checks["row_error"] < 1e-15
     assert checks["first_key_share"] == pytest.approx((1 / 2 + 1 / 3 + 1 / 4 + 1 / 5) / 4)  # uniform rows t >= 2
+    assert checks["uniform_first_share"] == pytest.approx(checks["first_key_share"])  # these rows are uniform
+    assert checks["first_key_ratio"] == pytest.approx(1) and "no attention sink" in checks["sink_reading"]
     fig = setting.heatmaps(w, "test-model", heads=4)
     assert len([a for a in fig.axes if a.get_title().startswith("layer 0")]) == 2
     assert "test-model" in fig._suptitle.get_text()
     four = setting.heatmaps(normalizers.softmax(torch.zeros(4, 8, 8), mask=normalizers.causal_mask(8)), "m")
     panels = [a for a in four.axes if a.get_title().startswith("layer 0")]
     assert len({round(a.get_position().x0, 3) for a in panels}) == 2 and four.get_size_inches()[0] <= 7.5
-    assert [t.get_text() for t in panels[0].get_xticklabels()] == ["0", "2", "4", "6"]  # token positions
+    assert [t.get_text() for t in panels[0].get_xticklabels()] == ["1", "2", "4", "6", "8"]  # positions from 1
+    assert list(panels[0].get_xticks()) == [0, 1, 3, 5, 7]  # pixel p - 1 shows position p
+
+
+def test_the_sink_reading_follows_the_comparison_with_the_uniform_share():
+    uniform = sum(1 / t for t in range(2, 129)) / 127  # about 0.042 over 128 tokens
+    assert "no attention sink" in setting.sink_reading(0.013, uniform) and "less than uniform" in \
+        setting.sink_reading(0.013, uniform)
+    assert "is an attention sink" in setting.sink_reading(0.5, uniform)
+    assert "about what uniform" in setting.sink_reading(uniform * 1.5, uniform)
+    w = torch.zeros(1, 4, 4, dtype=torch.float64)
+    w[0, :, 0] = 1  # every row puts all its weight on the first token
+    assert setting.layer_checks(w, normalizers.causal_mask(4))["first_key_ratio"] == pytest.approx(3 / (1 / 2 + 1 / 3 + 1 / 4))
 
 
 def test_layer_checks_and_heatmaps_of_an_encoder_mask_nothing():
@@ -96,7 +110,7 @@ def test_summary_counts_and_table_1(build_records):
     rows = repro.ledger()
     s = repro.summary(rows)
     assert (s["n_claims"], s["n_holds"], s["n_fails"], s["n_not_reproduced"], s["n_reproduced"]) == (4, 2, 1, 1, 0)
-    assert s["ledger_models"] == "smollm2-135m" and s["ledger_model_is_paper"].startswith("not the paper's")
+    assert s["ledger_models"] == "smollm2-135m" and s["ledger_model_is_paper"].startswith("none of them is the paper's")
     handles, labels = repro.verdict_figure(rows).axes[0].get_legend_handles_labels()
     assert set(labels) == {"holds", "fails", "not reproduced"}
     assert all(matplotlib.colors.same_color(h.patches[0].get_facecolor(), repro.figures.VERDICT_COLOURS[label])
@@ -149,7 +163,14 @@ def test_provenance_tables_and_the_ledger_table_for_reading(build_records):
     prov = repro.provenance()
     assert list(prov.columns) == list(dict.fromkeys(repro.PROVENANCE_WHAT + repro.PROVENANCE_HOW))
     assert prov.loc[0, "weights sha256"] == "a" * 16 and prov.loc[0, "offsets"] == "0, 64"
-    rows = pd.DataFrame([{"verdict": "fails", "chapter": "ch9", "claim": "E -> A for N << L", "paper": "p",
-                          "ours": "o", "rule": "r", "model": "synthetic"}])
+    rows = pd.DataFrame([{"key": "ch9-a", "verdict": "fails", "chapter": "ch9", "claim": "E -> A for N << L",
+                          "paper": "p", "ours": "o", "rule": "r", "model": "synthetic"}])
     page = repro.table(rows).to_html()
     assert "N &lt;&lt; L" in page and f"background-color: {repro.figures.VERDICT_COLOURS['fails']}" in page
+
+
+def test_the_uniform_share_of_an_encoder_is_one_over_l():
+    w = torch.zeros(1, 4, 4, dtype=torch.float64)
+    w[0, :, 0] = 1
+    checks = setting.layer_checks(w, torch.ones(4, 4, dtype=torch.bool))
+    assert checks["uniform_first_share"] == pytest.approx(1 / 4) and checks["first_key_ratio"] == pytest.approx(4)

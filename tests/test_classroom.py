@@ -81,7 +81,9 @@ def test_teachers_page_links_every_exercise():
 @pytest.mark.parametrize("key", sorted(exercises.EXERCISES))
 def test_solutions_pass_every_check(key):
     result = exercises.check(key, *(solution(key)[name] for name in exercises.EXERCISES[key].names))
-    assert result.score == 1 and not result.failed and repr(result).endswith("checks passed")
+    assert result.score == 1 and not result.failed and repr(result).endswith("pass for the function defined above.")
+    parts = ", ".join(exercises.EXERCISES[key].parts)
+    assert f"checks `{exercises.EXERCISES[key].names[0]}`" in repr(result) and f"on: {parts}." in repr(result)
 
 
 # --- typical mistakes get hints --------------------------------------------------------------------------

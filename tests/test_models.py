@@ -290,3 +290,16 @@ def test_a_damaged_cache_of_a_real_model_is_converted_again(monkeypatch, tmp_pat
                for n in prov.notes)
     assert (copy / "config.json").read_text() == config and prov.weights_sha256 == sha256_file(
         good / "model.safetensors")
+
+
+def test_loading_shows_no_progress_bar(monkeypatch, gpt2_random):
+    """A progress bar in a notebook is an ipywidget whose state would make the page load scripts from CDNs."""
+    from huggingface_hub.utils import are_progress_bars_disabled, enable_progress_bars
+    from transformers.utils import logging as transformers_logging
+
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    enable_progress_bars()
+    transformers_logging.enable_progress_bar()
+    load_model("gpt2-random")
+    assert are_progress_bars_disabled() and not transformers_logging.is_progress_bar_enabled()
+    assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"

@@ -362,7 +362,8 @@ def build_book(parameters: dict[str, Any] | None = None, *, root: Path = ROOT, o
     _remove_stale_staging(out.parent)
     staging = Path(tempfile.mkdtemp(prefix=f".staging-{os.getpid()}-", dir=out.parent))
     try:
-        for name in ("_config.yml", "_toc.yml", "book", "_static"):
+        # attn_utils: the chapters' "How it is computed" blocks include the library's functions (literalinclude)
+        for name in ("_config.yml", "_toc.yml", "book", "_static", "attn_utils"):
             src = root / name
             if src.exists():
                 (shutil.copytree if src.is_dir() else shutil.copy2)(src, staging / name)

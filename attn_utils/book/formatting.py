@@ -62,12 +62,59 @@ def fmt(value: Any, digits: int = 3) -> str:
     return "0" if text in ("-0", "0") else text
 
 
+TABLE_CLASS = "output-table"  # styled by _static/tables.css: padding, header rules, numbers right-aligned
+NUMERIC_CLASS = "num"
+MAX_DECIMALS = 6
+
+
+def column_format(values, digits: int = 3):
+    """How to write a numeric column so that it reads down: a function value -> text, or ``None`` when
+    ``values`` are not all numbers (NaN allowed).
+
+    Integers stay whole. Reals share one number of decimals, so that the decimal points line up: ``digits``
+    significant digits for the largest value, at least one for the smallest (``0.0010`` above ``0.0706``); a column
+    whose values span more than three orders of magnitude, or that needs scientific notation, is written value
+    by value with :func:`fmt`."""
+    values = [scalar(v) for v in values]
+    if not values or not all(is_number(v) for v in values):
+        return None
+    finite = [float(v) for v in values if math.isfinite(float(v))]
+    magnitudes = [math.floor(math.log10(abs(x))) for x in finite if not x.is_integer()]
+    if not magnitudes or min(magnitudes) < -3 or max(abs(x) for x in finite) >= SCIENTIFIC_FROM \
+            or max(magnitudes) - min(magnitudes) > 3:
+        return lambda v: fmt(v, digits)
+    decimals = min(max(digits - 1 - max(magnitudes), -min(magnitudes), 0), MAX_DECIMALS)
+
+    grouping = "," if max(abs(x) for x in finite) >= 10_000 else ""
+
+    def write(v) -> str:
+        x = float(scalar(v))
+        if not math.isfinite(x) or x == 0:
+            return fmt(x)
+        text = f"{x:{grouping}.{decimals}f}"
+        return "0" if float(text.replace(",", "")) == 0 else text
+
+    return write
+
+
 def table(frame, digits: int = 3, caption: str | None = None, index: bool = False):
-    """``frame`` (a pandas DataFrame or Series) for reading: every cell and index label through :func:`fmt`,
-    no truncation, the index hidden unless ``index``; a pandas ``Styler`` that renders as an HTML table."""
+    """``frame`` (a pandas DataFrame or Series) for reading: a pandas ``Styler`` that renders as an HTML table of
+    class ``output-table``. Numeric columns are written by :func:`column_format` (aligned decimals) and their
+    cells and headers carry the class ``num`` (right-aligned by ``_static/tables.css``); other cells and the
+    labels go through :func:`fmt`; no truncation; the index hidden unless ``index``."""
     frame = frame.to_frame() if hasattr(frame, "to_frame") and frame.ndim == 1 else frame
     styler = frame.style.format(lambda v: fmt(v, digits)).format_index(lambda v: fmt(v, digits))
     styler = styler.format_index(lambda v: fmt(v, digits), axis=1)
+    classes = type(frame)("", index=frame.index, columns=frame.columns)
+    unique = frame.index.is_unique and frame.columns.is_unique  # Styler addresses cells by label
+    for j, column in enumerate(frame.columns):
+        write = column_format(list(frame.iloc[:, j]), digits) if unique else None
+        if write is not None:
+            styler = styler.format(write, subset=[column])
+            classes.iloc[:, j] = NUMERIC_CLASS
+            styler = styler.set_table_styles({column: [{"selector": "th.col_heading", "props": "text-align: right"}]},
+                                             overwrite=False)
+    styler = (styler.set_td_classes(classes) if unique else styler).set_table_attributes(f'class="{TABLE_CLASS}"')
     styler = styler if index else styler.hide(axis="index")
     return styler.set_caption(caption) if caption else styler
 
@@ -80,3 +127,17 @@ def glue_values(values: Mapping[str, Any], digits: int = 3) -> dict[str, str]:
     for name, text in texts.items():
         glue(name, text, display=False)
     return texts
+
+
+def parameter_table(p, caption: str = "The parameters of this run"):
+    """The checked parameters ``p`` (:class:`attn_utils.book.params.Parameters`) as a compact table: each parameter
+    the notebook declares, the value it runs with (``model = auto`` resolved) and its meaning from
+    :data:`attn_utils.book.params.SPECS`; the rendered page shows this instead of the parameters cell."""
+    import pandas as pd
+
+    from attn_utils.book.params import SPECS
+
+    rows = [(name, fmt(p.model_name if name == "model" else p[name]) if p[name] is not None else "None",
+             SPECS[name].doc if name in SPECS else "") for name in p.given]
+    frame = pd.DataFrame(rows, columns=["parameter", "value", "meaning"])
+    return table(frame, caption=caption)

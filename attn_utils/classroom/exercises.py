@@ -543,9 +543,15 @@ class Result:
             return f"{_TODO} (NotImplementedError: {self.unimplemented})"  # once, not once per part
         return "; ".join(f"{part}: {hint}" for part, hint in self.failed)
 
+    def tested(self) -> str:
+        """What the checks test: the exercise's functions and the parts checked (``causal_softmax`` on: shape,
+        rows sum to one, ...)."""
+        names = ", ".join(f"`{n}`" for n in EXERCISES[self.key].names) if self.key in EXERCISES else "the functions"
+        return f"checks {names} on: {', '.join(self.passed + [p for p, _ in self.failed])}"
+
     def __repr__(self) -> str:
         if not self.failed:
-            return f"{self.key}: {self.feedback}"
+            return f"{self.key} {self.tested()}. All {len(self.passed)} pass for the function defined above."
         return f"{self.key}: {len(self.failed)} of {len(self.passed) + len(self.failed)} checks failed: {self.feedback}"
 
     def _repr_html_(self) -> str:

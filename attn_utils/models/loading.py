@@ -17,7 +17,7 @@ import torch
 
 from attn_utils.models.corpus import WindowFormat, sha256_file
 from attn_utils.models.embedded import (EMBEDDED, Embedded, ModelUnavailable, converted, models_dir, source_files,
-                                        verified_folder)
+                                        text_progress, verified_folder)
 from attn_utils.models.embedded import model_context as _embedded_context
 from attn_utils.models.provenance import Provenance
 
@@ -154,8 +154,9 @@ def load_model(name: str = "auto", *, device: str | torch.device = "cpu", dtype:
     HF_HUB_OFFLINE is set). ``seed`` only matters for ``gpt2-random``. ``chosen``, ``(name, why)``, is what
     ``auto`` stands for when the caller resolved it already (:func:`choose_auto`, once per build), so the hub is not
     asked again. ``tokenizer.model_max_length`` is set to the model's context length; ``provenance.window`` says
-    how the model reads a window (:func:`window_format`).
+    how the model reads a window (:func:`window_format`). Loading shows no progress bar (:func:`text_progress`).
     """
+    text_progress()
     dev = resolve_device(device)
     notes = []
     if name == "auto":

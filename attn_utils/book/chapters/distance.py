@@ -497,6 +497,20 @@ def _percent(value: float, missing: str) -> str:
     return missing if math.isnan(value) else f"{fmt(100 * value)} %"
 
 
+def critical_text(tests: pd.DataFrame, row) -> str:
+    """One length's critical N with the resolution of its grid: the first accepted size ``c`` of the grid and the
+    rejected size ``b`` below it, so that the first accepted N lies in ``b + 1 .. c``; ``none`` where every size
+    is rejected."""
+    L, c = int(row["L"]), int(row["critical N"])
+    if c <= 0:
+        return f"L={L}: none (every size rejected)"
+    below = tests.loc[(tests["L"] == L) & (tests["N"] < c), "N"]
+    if below.empty:
+        return f"L={L}: N={c} ({row['critical N / L']:.2f} L, the smallest size tested)"
+    b = int(below.max())
+    return f"L={L}: N={c} ({row['critical N / L']:.2f} L; between {b + 1} and {c}, as the grid steps from {b} to {c})"
+
+
 def figure2_facts(fig2: Figure2, *, N: int, alpha: float, reading: str) -> dict:
     """The panels' numbers (``m_...`` names for the prose; the claims read them too): slopes of the mean over
     heads against L, how often and by how much the bound lies above the distance, the plateau and the ratios
@@ -526,9 +540,7 @@ def figure2_facts(fig2: Figure2, *, N: int, alpha: float, reading: str) -> dict:
         "m_gap_5": gap_5, "m_gap_100": gap_100, "m_gap_5_text": _percent(gap_5, "not measured"),
         "m_gap_100_text": _percent(gap_100, "not measured"),
         "m_d_peak_N": int(by_n["distance"].idxmax()),
-        "m_crit_table": ", ".join(f"L={int(r['L'])}: N={int(r['critical N'])}"
-                                  + (f" ({r['critical N / L']:.2f} L)" if r["critical N"] > 0 else " (none)")
-                                  for _, r in crit.iterrows()),
+        "m_crit_table": ", ".join(critical_text(fig2.tests, r) for _, r in crit.iterrows()),
         "m_crit_ledger": "; ".join(f"L={int(r['L'])}: {int(r['critical N'])}" for _, r in crit.iterrows()),
         "m_crit_fractions": crit["critical N / L"].tolist(),
         "m_crit_within": [bool(f <= 0.06) for f in crit["critical N / L"]],
@@ -618,5 +630,5 @@ def figure2_c_figure(fig2: Figure2, *, alpha: float, model: str) -> plt.Figure:
     ax.set(xscale="log", yscale="log", xlabel="L", ylabel="N")
     _grid_ticks(ax, crit["L"])
     fig.legend(loc="outside lower center", ncols=3, frameon=False, fontsize="small")
-    figures.model_title(fig, f"Figure 2 (c): critical N, KS test at alpha = {alpha:g}", model)
+    figures.model_title(fig, f"The paper's Figure 2 (c) redrawn: critical N, KS test at alpha = {alpha:g}", model)
     return fig

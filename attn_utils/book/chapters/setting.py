@@ -59,15 +59,37 @@ def weights_figure(table: pd.DataFrame) -> plt.Figure:
     return fig
 
 
+SINK_FACTOR = 2  # our rule: a first token with at least twice its uniform share is an attention sink
+
+
 def layer_checks(weights: torch.Tensor, visible: torch.Tensor) -> dict:
     """For one layer's weights ``(heads, L, L)`` and the keys each row sees (``visible``, ``(L, L)`` booleans): the
-    largest deviation of a row sum from 1, the largest weight on a key the row cannot see, and the mean weight that
-    the rows t >= 2 give to the first token."""
-    hidden = ~visible.to(weights.device)
-    return {"L_shown": int(weights.shape[-1]), "n_heads": int(weights.shape[0]),
+    largest deviation of a row sum from 1, the largest weight on a key the row cannot see, the mean weight that the
+    rows t = 2..L (counting from 1) give to the first token, the same mean for uniform attention over the keys each
+    row sees (mean(1/t) when causal, 1/L on an encoder), their ratio, and the reading of :func:`sink_reading`."""
+    L = int(weights.shape[-1])
+    visible = visible.to(weights.device)
+    share = float(weights[:, 1:, 0].mean())
+    uniform = float((1 / visible[1:].sum(-1).double()).mean()) if L > 1 else 1.0
+    return {"L_shown": L, "n_heads": int(weights.shape[0]),
             "row_error": float((weights.sum(-1) - 1).abs().max()),
-            "upper_max": float(weights.masked_fill(~hidden, 0).abs().max()),
-            "first_key_share": float(weights[:, 1:, 0].mean())}
+            "upper_max": float(weights.masked_fill(visible, 0).abs().max()),
+            "first_key_share": share, "uniform_first_share": uniform, "first_key_ratio": share / uniform,
+            "sink_reading": sink_reading(share, uniform)}
+
+
+def sink_reading(share: float, uniform: float) -> str:
+    """What a first-token share says against the uniform share: an attention sink from ``SINK_FACTOR``
+    times the uniform share, less than uniform below 1 / ``SINK_FACTOR`` times, about uniform in between."""
+    ratio = share / uniform
+    if ratio >= SINK_FACTOR:
+        return (f"{ratio:.1f} times the uniform share: in this layer the first token is an attention sink, "
+                "a key that takes far more weight than its place in the row gives it")
+    if ratio <= 1 / SINK_FACTOR:
+        return (f"{ratio:.2f} times the uniform share: this layer gives the first token less than uniform "
+                "attention would, so it is no attention sink here")
+    return (f"{ratio:.2f} times the uniform share: about what uniform attention gives it, so the first token is "
+            "no attention sink in this layer")
 
 
 def masked_region(L: int) -> Polygon:
@@ -80,10 +102,10 @@ def masked_region(L: int) -> Polygon:
 
 
 def heatmaps(weights: torch.Tensor, model: str, heads: int = 4, visible: torch.Tensor | None = None) -> plt.Figure:
-    """Heat maps of the first ``heads`` heads of one layer, two per row, ticks at token positions (from 0), on a
-    square-root colour scale (small weights stay visible); keys a query cannot see (``visible`` False; default the
-    causal mask, above the diagonal) are grey and, when causal, hatched, so a masked key is not mistaken for a zero
-    weight. An encoder's rows see every key: nothing is masked."""
+    """Heat maps of the first ``heads`` heads of one layer, two per row, ticks at token positions (from 1, as in the
+    notation), on a square-root colour scale (small weights stay visible); keys a query cannot see (``visible``
+    False; default the causal mask, above the diagonal) are grey and, when causal, hatched, so a masked key is not
+    mistaken for a zero weight. An encoder's rows see every key: nothing is masked."""
     shown, L = min(heads, weights.shape[0]), weights.shape[-1]
     n_cols = min(2, shown)
     n_rows = math.ceil(shown / n_cols)
@@ -91,7 +113,8 @@ def heatmaps(weights: torch.Tensor, model: str, heads: int = 4, visible: torch.T
     cmap = sns.color_palette("mako_r", as_cmap=True).with_extremes(bad=MASKED_COLOUR)
     masked = np.triu(np.ones((L, L), dtype=bool), 1) if visible is None else ~visible.cpu().numpy()
     causal = bool((masked == np.triu(np.ones((L, L), dtype=bool), 1)).all())
-    ticks = np.arange(0, L, max(1, L // 4))
+    step = max(1, L // 4)
+    ticks = np.unique(np.r_[1, np.arange(step, L + 1, step)])  # positions counted from 1; pixel p - 1
     for h, ax in enumerate(axes.flat):
         if h >= shown:
             ax.remove()
@@ -101,7 +124,9 @@ def heatmaps(weights: torch.Tensor, model: str, heads: int = 4, visible: torch.T
         if causal:
             ax.add_patch(masked_region(L))
         ax.grid(False)
-        ax.set(xticks=ticks, yticks=ticks, title=f"layer 0, head {h}", xlabel="key position $j$",
+        ax.set_xticks(ticks - 1, labels=[str(t) for t in ticks])
+        ax.set_yticks(ticks - 1, labels=[str(t) for t in ticks])
+        ax.set(title=f"layer 0, head {h}", xlabel="key position $j$",
                ylabel="query position $t$" if h % n_cols == 0 else "")
     fig.colorbar(image, ax=axes, shrink=0.8, label="weight (square-root scale)")
     said = "grey, hatched: masked keys" if causal else "bidirectional: every key is visible"
