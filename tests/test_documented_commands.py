@@ -94,7 +94,9 @@ def runs_of(command: Command) -> list[Run]:
     args = cli.parser().parse_args(command.argv)
     if args.command == "book":
         parameters = {**cli._params_line(args.params), **cli._parameters(args.parameter)}
-        return [_run("notebook", nb.stem, parameters) for nb in build.book_notebooks()]
+        models = parameters.pop("models", None)  # each model chapter on each model of the build
+        per_model = [{**parameters, "model": m} for m in models] if isinstance(models, list) else [parameters]
+        return [_run("notebook", nb.stem, values) for nb in build.book_notebooks() for values in per_model]
     if args.command == "run":
         return [_run("notebook", build.resolve_notebook(args.notebook).stem, cli._parameters(args.parameter))]
     if args.command == "sweep":  # wherever its tasks run (--scheduler): here, the same runs
