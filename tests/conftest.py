@@ -45,13 +45,13 @@ for _name, _value in {
 # --- scheduling on two pytest-xdist workers (`make test`: -n 2 --no-loadscope-reorder) ----------------------------
 
 # tests that share nothing costly with their neighbours: xdist may run each on any worker
-SPREAD = ("tests/test_documented_commands.py::test_documented_run_executes[",
-          "tests/test_documented_commands.py::test_documented_courses_are_graded")
+SPREAD = ("tests/cli/test_documented_commands.py::test_documented_run_executes[",
+          "tests/cli/test_documented_commands.py::test_documented_courses_are_graded")
 
 
 class ModuleScheduling(LoadScopeScheduling):
     """xdist's scheduling by scope, the scope of a test being its module (one worker runs a module's tests in a
-    row, so its module and session fixtures are set up once: the whole-book build of tests/test_book.py runs
+    row, so its module and session fixtures are set up once: the whole-book build of tests/book/test_book.py runs
     once), except the tests of :data:`SPREAD`, each a scope of its own. (``--dist loadgroup`` would say this with
     markers, but xdist 3.8 cannot group tests under pytest 9.2, whose node ids it no longer rewrites.)"""
 

@@ -15,7 +15,7 @@ from attn_utils import cli
 
 from attn_utils.book import build, params, sweep
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 NOTEBOOK = textwrap.dedent('''\
     # ---

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import reference as ref
 import torch
-from test_metrics import causal_attention
+from helpers import causal_attention
 
 from attn_utils.book import claims, runlog
 from attn_utils.book.chapters import distance
