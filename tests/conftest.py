@@ -71,6 +71,25 @@ def jail():
         pytest.skip(f"no sandbox can be made here: {exc}")
 
 
+@pytest.fixture(scope="session")
+def tiny_gpt2(tmp_path_factory) -> str:
+    """A local model folder (what ``load_model(folder)`` and ``Session.open(model=folder)`` take): a seeded random
+    GPT-2 of 2 layers x 2 heads, n_embd 32, 256 positions, with the real GPT-2 tokenizer, for the tests that need a
+    model but not GPT-2 small's shape (``gpt2-random`` has 124M parameters, hashed on every load)."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from attn_utils.models import loading
+
+    folder = tmp_path_factory.mktemp("models") / "tiny-gpt2"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = GPT2LMHeadModel._from_config(GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=256))
+    model.save_pretrained(folder)
+    loading.gpt2_tokenizer().save_pretrained(folder)
+    return str(folder)
+
+
 def pytest_xdist_make_scheduler(config, log):
     return ModuleScheduling(config, log)
 
