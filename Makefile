@@ -63,7 +63,7 @@ book: $(STAMP)
 	$(VENV)/bin/attn-companion book --params "$(PARAMS)" $(if $(WINDOWS),--windows "$(WINDOWS)") $(if $(FRESH),--no-cache)
 
 # two workers, one per core, each with one intra-op thread (more would oversubscribe the cores); the tests of a
-# module stay on one worker (the scheduler of tests/conftest.py, so the whole-book build of tests/test_book.py runs
+# module stay on one worker (the scheduler of tests/conftest.py, so the whole-book build of tests/book/test_book.py runs
 # once), the modules with slow tests start first, in file order (--no-loadscope-reorder);
 # --durations lists the slowest tests, to see where the time goes
 test: $(STAMP)

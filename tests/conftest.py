@@ -45,13 +45,13 @@ for _name, _value in {
 # --- scheduling on two pytest-xdist workers (`make test`: -n 2 --no-loadscope-reorder) ----------------------------
 
 # tests that share nothing costly with their neighbours: xdist may run each on any worker
-SPREAD = ("tests/test_documented_commands.py::test_documented_run_executes[",
-          "tests/test_documented_commands.py::test_documented_courses_are_graded")
+SPREAD = ("tests/cli/test_documented_commands.py::test_documented_run_executes[",
+          "tests/cli/test_documented_commands.py::test_documented_courses_are_graded")
 
 
 class ModuleScheduling(LoadScopeScheduling):
     """xdist's scheduling by scope, the scope of a test being its module (one worker runs a module's tests in a
-    row, so its module and session fixtures are set up once: the whole-book build of tests/test_book.py runs
+    row, so its module and session fixtures are set up once: the whole-book build of tests/book/test_book.py runs
     once), except the tests of :data:`SPREAD`, each a scope of its own. (``--dist loadgroup`` would say this with
     markers, but xdist 3.8 cannot group tests under pytest 9.2, whose node ids it no longer rewrites.)"""
 
@@ -69,6 +69,25 @@ def jail():
         return sandbox.probe()
     except sandbox.SandboxUnavailable as exc:
         pytest.skip(f"no sandbox can be made here: {exc}")
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2(tmp_path_factory) -> str:
+    """A local model folder (what ``load_model(folder)`` and ``Session.open(model=folder)`` take): a seeded random
+    GPT-2 of 2 layers x 2 heads, n_embd 32, 256 positions, with the real GPT-2 tokenizer, for the tests that need a
+    model but not GPT-2 small's shape (``gpt2-random`` has 124M parameters, hashed on every load)."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from attn_utils.models import loading
+
+    folder = tmp_path_factory.mktemp("models") / "tiny-gpt2"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = GPT2LMHeadModel._from_config(GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=256))
+    model.save_pretrained(folder)
+    loading.gpt2_tokenizer().save_pretrained(folder)
+    return str(folder)
 
 
 def pytest_xdist_make_scheduler(config, log):

@@ -146,12 +146,12 @@ def test_cuda_gives_what_the_cpu_gives(name):
 # --- the chapters' model pipelines -----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def captures():
-    """gpt2-random on a 32-token window: what each model chapter captures (on the CPU, outside the check)."""
+def captures(tiny_gpt2):
+    """A tiny GPT-2 on a 32-token window: what each model chapter captures (on the CPU, outside the check)."""
     from attn_utils.book.chapters import beyond as chapter6
     from attn_utils.book.session import Session
 
-    s = Session.open(model="gpt2-random", L=32, device="cpu")
+    s = Session.open(model=tiny_gpt2, L=32, device="cpu")
     return {"weights": s.capture(what=("weights", "q", "k", "v")),
             "logits": s.capture(what=("logits",), logit_scale="model"),
             "lenses": chapter6.capture_logits(s, [64], 2)}

@@ -8,8 +8,8 @@ parameters, the Lemma 1 envelope (the band every weight of a row of L logits in 
 vanish like 1/L (``vanishes``), the weight it guarantees a key whose logit leads its row by a gap (``planted``),
 its Jacobian d alpha / d l in closed form (:mod:`beyond` evaluates it) and the bound on that Jacobian's spectral
 norm of Proposition ch6-prop-jacobians (``jacobian_norm``). **Adding a normalizer is one record in**
-:data:`RECORDS` **plus its tests**: ``tests/test_registry.py`` checks every record's Jacobian against autograd,
-its envelope on random rows, its kind, its planted-key guarantee on random rows, its ``vanishes`` against the
+:data:`RECORDS` **plus its tests**: ``tests/mathematics/test_registry.py`` checks every record's Jacobian against
+autograd, its envelope on random rows, its kind, its planted-key guarantee on random rows, its ``vanishes`` against the
 weights it gives planted keys, and its Jacobian norm bound. :func:`get` raises ``ValueError`` for an unknown
 name, everywhere.
 """

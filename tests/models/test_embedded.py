@@ -1,7 +1,7 @@
 """The embedded models' wheels, their hash-pinned lock, and the converted-model cache verified by content.
 
 The cache tests run on a tiny seeded Llama standing in for a GGUF model (its "dequantisation" writes the tiny model),
-so that every corruption case costs a second; tests/test_models.py converts the real models."""
+so that every corruption case costs a second; tests/models/test_loading.py converts the real models."""
 import dataclasses
 import importlib.metadata
 import json
@@ -19,7 +19,7 @@ from attn_utils.models.corpus import sha256_file
 from attn_utils.models.embedded import EMBEDDED, GEMMA3, MANIFEST, MINILM, SMOLLM2, ModelUnavailable
 from attn_utils.models.provenance import MODELS_LOCK_FILE, lock_status
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = dataclasses.replace(SMOLLM2, name="tiny-gguf", description="a tiny seeded Llama standing in for a GGUF model",
                            sha256="ab" * 32)
 IDS = torch.arange(16)[None]

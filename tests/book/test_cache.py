@@ -14,7 +14,7 @@ import pytest
 from attn_utils import cli
 from attn_utils.book import build, cache, runlog, sweep
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 NOTEBOOK = textwrap.dedent('''\
     # %% [markdown]

@@ -14,20 +14,9 @@ from pathlib import Path
 import pytest
 
 from attn_utils.book import build, claims
+from helpers import SMALL
 
-ROOT = Path(__file__).resolve().parents[1]
-
-# Small parameters: a random-weight GPT-2 and short windows, so the whole book executes in a few minutes.
-SMALL = {
-    "model": "gpt2-random",
-    "L": 64,
-    "lengths": [16, 32, 64],
-    "synthetic_lengths": [4, 16, 64],
-    "Ns": [1, 2, 4, 8],
-    "Ts": [0.01, 0.1, 1.0, 10.0],
-    "n_trials": 20,
-    "n_samples": 32,
-}
+ROOT = Path(__file__).resolve().parents[2]
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",

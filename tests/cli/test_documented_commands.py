@@ -2,7 +2,7 @@
 
 The commands are read from the pages themselves (code blocks and inline code). Each one's runs, the (notebook,
 parameters) pairs it executes, pass the preflight with the parameters as documented. Then every run executes with L
-scaled to 64 and model gpt2-random, the other parameters as documented over the small build of tests/test_book.py;
+scaled to 64 and model gpt2-random, the other parameters as documented over the small build of tests/book/test_book.py;
 a run identical to one of that build (which test_book.py executes) or to another run is executed once. A chapter of
 the course that ``attn-companion student`` writes is executed by grading its unsolved released copy, as ``attn-companion
 grade`` does.
@@ -22,9 +22,9 @@ import pytest
 from attn_utils import cli
 from attn_utils.book import build, sweep, windows
 from attn_utils.classroom import exercises, grading, student
-from test_book import SMALL
+from helpers import SMALL
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ("README.md", "book/rerun.md", "book/teachers.md")
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.M | re.S)
 INLINE = re.compile(r"`([^`]+)`")
@@ -124,7 +124,7 @@ def scaled(run: Run) -> Run:
 def executions(commands: list[Command]) -> dict[Run, list[str]]:
     """The distinct scaled runs of ``commands`` that the small build does not make, with the commands that make
     them. To keep ``make test`` short, runs that differ only in ``seed`` count as one, and so do runs that differ
-    only in the window (``chapters``, ``offset``: the windows of ``attn-companion windows``; tests/test_windows.py
+    only in the window (``chapters``, ``offset``: the windows of ``attn-companion windows``; tests/book/test_windows.py
     executes one in the middle of the novel) (neither changes a code path; the preflight above checks every
     documented value), and a course is graded on its first chapter."""
     small = {_run("notebook", nb.stem, SMALL) for nb in build.book_notebooks()}

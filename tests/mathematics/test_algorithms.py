@@ -7,7 +7,7 @@ import pytest
 import reference as ref
 import torch
 from scipy.stats import ks_2samp
-from test_metrics import HEADS, LAYERS, L, causal_attention, close
+from helpers import HEADS, LAYERS, L, causal_attention, close
 
 from attn_utils.mathematics import algorithms, kernels, metrics, theory
 

@@ -195,7 +195,7 @@ def test_windows_are_consecutive_slices_of_the_tokenized_text(tokenizer):
 
 
 def test_too_short_text_cannot_give_the_windows(tokenizer):
-    """The rule offset + L <= tokens is the preflight's (tests/test_params.py); here the shape cannot be made."""
+    """The rule offset + L <= tokens is the preflight's (tests/book/test_params.py); here the shape cannot be made."""
     with pytest.raises(ValueError, match=r"the text has 3 tokens, fewer than the offset \+ n_windows \* L = 5"):
         token_windows("Hello big world", tokenizer, L=2, offset=1, n_windows=2)
 

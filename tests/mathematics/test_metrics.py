@@ -11,18 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attn_utils.mathematics import metrics, theory
+from helpers import HEADS, LAYERS, L, causal_attention, close
 
-LAYERS, HEADS, L, D = 2, 3, 24, 8
 NS = [1, 3, 7, 20]
-
-
-def causal_attention(seed, layers=LAYERS, heads=HEADS, L=L, d=D, scale=2.0):
-    """Random causal softmax attention (layers, heads, L, L), vectors (layers, heads, L, d), mask (L, L)."""
-    g = torch.Generator().manual_seed(seed)
-    mask = torch.ones(L, L, dtype=torch.bool).tril()
-    logits = scale * torch.randn(layers, heads, L, L, generator=g, dtype=torch.float64)
-    weights = torch.softmax(logits.masked_fill(~mask, -torch.inf), -1)
-    return weights, torch.randn(layers, heads, L, d, generator=g, dtype=torch.float64), mask, logits
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +25,6 @@ def each_row(shape):
     """Indices (layer, head, row) of every row, and the head index (layer, head) of its vectors."""
     for index in np.ndindex(*shape[:-1]):
         yield index, index[:-1]
-
-
-def close(a, b, rtol=1e-10, atol=1e-12):
-    np.testing.assert_allclose(np.asarray(a, dtype=float), np.asarray(b, dtype=float), rtol=rtol, atol=atol)
 
 
 # --- agreement with the loop reference ----------------------------------------------------------------

@@ -149,7 +149,7 @@ def test_glance_lists_headline_claims_with_badges_and_links(monkeypatch, tmp_pat
 def test_the_badges_of_the_first_page_use_the_figures_colours():
     from pathlib import Path
 
-    css = (Path(__file__).resolve().parents[1] / "_static" / "verdicts.css").read_text()
+    css = (Path(__file__).resolve().parents[3] / "_static" / "verdicts.css").read_text()
     for verdict, colour in repro.figures.VERDICT_COLOURS.items():
         assert f".verdict-{verdict.replace(' ', '-')} {{ background: {colour}; }}" in css
 

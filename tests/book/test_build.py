@@ -15,7 +15,7 @@ from attn_utils import cli
 
 from attn_utils.book import build, params, sweep
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 NOTEBOOK = textwrap.dedent('''\
     # ---
@@ -84,7 +84,12 @@ def test_validate_rejects_bad_values(name, value, fragment):
 def test_validate_accepts_good_values():
     good = dict(L=1024, N=5, Ns=[1, 5, 10], Ts=[1e-3, 10], ks_alpha=0.01, lengths=[32, 64], corpus="war-and-peace",
                 chapters=[1, 3], seed=0, model="auto", vectors="value", logit_scale="raw")
-    params.validate(**good)  # no exception
+    p = params.validate(**good)
+    frozen = {k: tuple(v) if isinstance(v, list) else v for k, v in good.items()}  # lists are frozen as tuples
+    assert dict(p) == dict(p.given) == frozen and dict(p.facts) == {}  # no rule dropped or changed a value
+    assert p.L == 1024 and p.Ns == (1, 5, 10) and p.model == "auto"
+    shorter = params.validate(L=8, Ns=[1, 5, 10])  # the one derived value: Ns not below L are dropped
+    assert dict(shorter) == {"L": 8, "Ns": (1, 5)} and shorter.given["Ns"] == (1, 5, 10)
 
 
 def test_notebook_parameters_and_unknown_parameter(tiny_book):

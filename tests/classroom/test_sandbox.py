@@ -14,7 +14,7 @@ import psutil
 
 from attn_utils.classroom import sandbox
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MARK = "attn-companion-sandbox-test-marker"
 
 PROBE = r"""

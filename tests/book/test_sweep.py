@@ -4,7 +4,7 @@ killed mid-sweep, a re-run that skips what finished, and ``--scheduler``.
 The notebook swept is a fast chapter written here (FAST): Lemma 1 for softmax (C1 = e^{-2M}, C2 = e^{2M} for logits
 in [-M, M]) on seeded synthetic rows, recorded as two real ledger claims, in about the time a kernel takes to
 start. A book chapter takes 30 s to minutes per run at the smallest parameters, which is what
-tests/test_book.py and tests/test_documented_commands.py execute; here the cluster, the transport of results,
+tests/book/test_book.py and tests/cli/test_documented_commands.py execute; here the cluster, the transport of results,
 the table and the index are under test. Its failing combination is a value the preflight accepts and the
 notebook cannot compute: M = 1000 overflows the textbook softmax exp(x_i) / sum_j exp(x_j) (numpy raises
 FloatingPointError under ``errstate(over="raise")``).

@@ -47,7 +47,7 @@ def test_unknown_name_lists_the_known_ones():
 
 
 def test_device_names_map_to_torch_devices():
-    """'auto' is resolved here; whether a GPU is there is the preflight's rule (tests/test_params.py)."""
+    """'auto' is resolved here; whether a GPU is there is the preflight's rule (tests/book/test_params.py)."""
     assert resolve_device("auto") == torch.device("cuda" if torch.cuda.is_available() else "cpu")
     assert resolve_device("cpu") == torch.device("cpu")
     with pytest.raises(RuntimeError):  # torch's own message for a string that is no device

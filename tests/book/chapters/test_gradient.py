@@ -23,8 +23,8 @@ F64 = torch.float64
 
 
 @pytest.fixture(scope="module")
-def session():
-    return Session.open(model="gpt2-random", L=24, seed=0)
+def session(tiny_gpt2):
+    return Session.open(model=tiny_gpt2, L=24, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -273,7 +273,7 @@ def test_figure_4_pipeline_on_a_random_model(session):
     Ts = sorted({0.01, 0.1, 1.0, 10.0} | {T_model})
     summary = algorithms.gradient_sensitivity(captured.logits, Ts, epsilons=EPS, seed=0, progress=False).summary
     found = gradient.figure4_findings(summary, EPS, T_model, "raw")
-    assert found["valid_ok"] and found["T_model"] == 8.0 and len(found["slopes"]) == len(EPS)
+    assert found["valid_ok"] and found["T_model"] == 4.0 and len(found["slopes"]) == len(EPS)  # sqrt(head_dim 16)
     assert gradient.temperature_range(captured.temperature) == "the same in every layer"
     for key in gradient.FIGURE4_CLAIMS:
         assert claims.judge(key, model=session.name, **gradient.claim_values(key, found)).verdict in claims.VERDICTS
@@ -282,8 +282,8 @@ def test_figure_4_pipeline_on_a_random_model(session):
     table = gradient.g_table(summary)
     assert list(table["T"]) == Ts and list(table.columns[1:]) == ["g at ε = 0.001", "g at ε = 0.1", "g at ε = 10"]
     assert table.set_index("T").loc[0.1, "g at ε = 10"] == summary.set_index(["T", "eps"]).loc[(0.1, 10.0), "g"]
-    fig = gradient.plot_figure4(summary, T_model, "raw", session.name, L=session.L, heads=144)
-    assert fig.axes[0].get_xscale() == "log" and "gpt2-random" in fig._suptitle.get_text()
+    fig = gradient.plot_figure4(summary, T_model, "raw", session.name, L=session.L, heads=4)
+    assert fig.axes[0].get_xscale() == "log" and session.name in fig._suptitle.get_text()
     assert fig.get_figwidth() <= 7.5 and fig.axes[0].get_legend() is None and len(fig.legends) == 1
     matplotlib.pyplot.close(fig)
 

@@ -29,7 +29,7 @@ from nbgrader.api import Gradebook
 from attn_utils import cli
 from attn_utils.book import build
 from attn_utils.classroom import exercises, grading, hidden, nbgrader_support, student
-from test_classroom import master, solution_cells, solution_prose
+from helpers import master, solution_cells, solution_prose
 
 SMALL = {"model": "gpt2-random", "L": 64}
 TESTS = [hidden.test_id("ch0-ex2", p) for p in exercises.EXERCISES["ch0-ex2"].parts]

@@ -1,6 +1,6 @@
 """Classroom: the exercise checks and their hints, and the hidden tests (no kernel runs here).
 
-The nbgrader course and its grading are tested in tests/test_nbgrader_course.py."""
+The nbgrader course and its grading are tested in tests/classroom/test_nbgrader_course.py."""
 from __future__ import annotations
 
 import ast
@@ -9,41 +9,18 @@ import math
 import os
 import re
 
-import jupytext
-import nbformat
 import pytest
 import torch
 
 from attn_utils.book import build
 from attn_utils.classroom import exercises, hidden
 from attn_utils.mathematics import normalizers
+from helpers import master, solution_cells, solution_prose
 
 F64 = torch.float64
 
 
 # --- the master notebooks --------------------------------------------------------------------------------
-
-
-def master(stem: str) -> nbformat.NotebookNode:
-    return jupytext.read(build.NOTEBOOK_DIR / f"{stem}.py")
-
-
-def solution_cells(stem: str) -> dict[str, str]:
-    """exercise key -> source of its cell tagged ``solution`` in the master notebook."""
-    cells, key = {}, None
-    for cell in master(stem).cells:
-        if cell.cell_type == "markdown":
-            key = next(iter(re.findall(r"```\{solution-start\} (\S+)", cell.source)[-1:]), key)
-        elif "solution" in cell.metadata.get("tags", []):
-            cells[key] = cell.source
-    return cells
-
-
-def solution_prose(stem: str) -> list[str]:
-    """The markdown lines between solution-start and solution-end (directives excluded)."""
-    text = "\n".join(c.source for c in master(stem).cells if c.cell_type == "markdown")
-    blocks = re.findall(r"```\{solution-start\}.*?\n```\n(.*?)```\{solution-end\}", text, flags=re.S)
-    return [line.strip() for block in blocks for line in block.splitlines() if len(line.strip()) > 20]
 
 
 def functions_of(source: str) -> dict:

@@ -17,7 +17,7 @@ from attn_utils import cli
 
 from attn_utils.book import build
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # builds the book of the project folder argv[1] with the CLI arguments argv[2:]
 BOOK_OF = ("import functools, sys; from pathlib import Path; from attn_utils import cli; from attn_utils.book import build; "
