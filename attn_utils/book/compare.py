@@ -99,9 +99,13 @@ def section(chapter: str, models: tuple[str, ...], records: list[dict[str, Any]]
             + ("every one has the same verdict on every model." if not changed else
                f"{len(rows) - len(changed)} have the same verdict on every model and {len(changed)} depend on it: "
                + "; ".join(next(iter(rows[k].values()))["claim"] for k in changed) + "."))
-    parts = [f"This build executed the chapter on {len(models)} models: {', '.join(models)}. The chapter above "
-             f"shows {models[0]}; the table gives each claim's verdict on each, by the same rule, with the number "
-             f"the rule decided on. {said}\n", "```{raw} html", claims_table(rows, models), "```", ""]
+    if not rows:
+        parts = [f"This build executed the chapter on {len(models)} models: {', '.join(models)}. The chapter above "
+                 f"shows {models[0]}; it records no claim, and its figures on every model follow.\n"]
+    else:
+        parts = [f"This build executed the chapter on {len(models)} models: {', '.join(models)}. The chapter above "
+                 f"shows {models[0]}; the table gives each claim's verdict on each, by the same rule, with the "
+                 f"number the rule decided on. {said}\n", "```{raw} html", claims_table(rows, models), "```", ""]
     for name in FIGURES.get(chapter, []):
         shown = [(m, figures[m][name]) for m in models if name in figures.get(m, {})]
         if not shown:

@@ -25,11 +25,16 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 
 @pytest.fixture(scope="session")
 def built_book(tmp_path_factory):
-    """Build the book with :data:`SMALL` parameters (those some notebook declares)."""
+    """Build the book with :data:`SMALL` parameters (those some notebook declares) on two models: gpt2-random, which
+    the pages show, and the MiniLM encoder beside it (every model chapter executed on both)."""
     out = tmp_path_factory.mktemp("book") / "html"
     declared = set().union(*(build.notebook_parameters(build.ROOT / f"{f}.py")
                               for f in build.toc_files() if f.startswith("notebooks/")))
-    return build.build_book({k: v for k, v in SMALL.items() if k in declared}, out=out, progress=False)
+    given = {k: v for k, v in SMALL.items() if k in declared and k != "model"}
+    return build.build_book({**given, "models": [SMALL["model"], SECOND_MODEL]}, out=out, progress=False)
+
+
+SECOND_MODEL = "minilm-l6"
 
 
 def chapters() -> list[str]:
@@ -39,7 +44,8 @@ def chapters() -> list[str]:
 @pytest.mark.slow
 def test_every_notebook_executes_and_renders(built_book):
     result = built_book
-    assert set(result.executions) == set(chapters())
+    model_chapters = [c for c in chapters() if "model" in build.notebook_parameters(build.NOTEBOOK_DIR / f"{c}.py")]
+    assert set(result.executions) == set(chapters()) | {f"{c} on {SECOND_MODEL}" for c in model_chapters}
     for name in chapters():
         page = (result.html / "notebooks" / f"{name}.html").read_text()
         assert "Traceback" not in page, f"{name} shows a traceback"
@@ -77,6 +83,30 @@ def test_claims_ledger_is_filled(built_book):
     assert len(ledger) >= 10
     assert set(ledger.verdict) <= set(claims.VERDICTS)
     assert set(ledger.chapter.str[:3]) >= {"ch1", "ch2", "ch3", "ch4"} or len(set(ledger.notebook)) >= 4
+    # every model claim on both models, every synthetic claim once
+    model_keys = set(ledger.key[ledger.model != claims.SYNTHETIC])
+    for model in (SMALL["model"], SECOND_MODEL):
+        assert set(ledger.key[ledger.model == model]) == model_keys, f"{model} lacks model claims"
+    assert not ledger[ledger.model == claims.SYNTHETIC].key.duplicated().any()
+
+
+@pytest.mark.slow
+def test_every_model_is_shown_in_the_chapters_and_the_ledger(built_book):
+    """Each model chapter's last section gives its claims on both models, with the second model's figures; the
+    ledger has a column per model; the first page counts the verdicts that depend on the model."""
+    for name in chapters():
+        if name == "ch5_reproducibility":
+            continue
+        page = (built_book.html / "notebooks" / f"{name}.html").read_text()
+        assert "The same claims on every model" in page
+        assert f"2 models: {SMALL['model']}, {SECOND_MODEL}" in page, f"{name}: no section on every model"
+        assert ('class="models-table"' in page) == (name != "ch0_setting"), f"{name}: claims x models table"
+    ch2 = (built_book.html / "notebooks" / "ch2_distance.html").read_text()
+    assert re.search(rf'<img[^>]+src="[^"]*{SECOND_MODEL}--fig_ch2_figure2ab', ch2), "no small multiple of MiniLM"
+    ledger = (built_book.html / "notebooks" / "ch5_reproducibility.html").read_text()
+    assert f">{SMALL['model']}</th>" in ledger and f">{SECOND_MODEL}</th>" in ledger
+    intro = (built_book.html / "book" / "intro.html").read_text()
+    assert "same on every model?" in intro and "all-MiniLM-L6-v2" in intro
 
 
 def _browser():

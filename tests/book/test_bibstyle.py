@@ -7,7 +7,7 @@ from pybtex.database import parse_string, parse_file
 
 from attn_utils.book.bibstyle import AuthorYearLabels, author_year
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_book_s_references_get_author_year_labels():
