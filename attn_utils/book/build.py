@@ -8,9 +8,6 @@ files are never modified.
 """
 from __future__ import annotations
 
-import ast
-import copy
-import functools
 import os
 import re
 import shutil
@@ -32,87 +29,16 @@ from traitlets.config import Config
 from attn_utils.book import runlog
 from attn_utils.book.cache import Cache, merge, now, restore, snapshot, written
 from attn_utils.book.cache import key as cache_key
-from attn_utils.book.params import FACTS, PARAMETERS_ENV, ParameterError, Parameters, resolve, thawed
+from attn_utils.book.params import PARAMETERS_ENV, Parameters, thawed
+from attn_utils.book.sources import (  # noqa: F401 (build's names since before they moved)
+    NOTEBOOK_DIR, ROOT, check_parameters, notebook_parameters, parse_value, resolve_notebook, split_values)
 
-ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOK_DIR = ROOT / "notebooks"
 # CurveZMQ-encrypted kernel connections, as the kernel's "running over TCP without encryption" warning advises
 KERNEL_CONFIG = Config({"KernelManager": {"transport_encryption": "auto"}})
 
 
 class NotebookFailed(RuntimeError):
     """A notebook raised; the message names the notebook and the error."""
-
-
-def parse_value(text: str) -> Any:
-    """Read a command-line value as a Python literal (``5``, ``1e-3``, ``[32, 64]``, ``None``), else a string."""
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
-
-
-def split_values(text: str) -> list[Any]:
-    """Split ``v1,v2,...`` at top-level commas (commas inside brackets stay), parsing each value."""
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        depth += ch in "[(" and 1 or ch in "])" and -1 or 0
-        if ch == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    return [parse_value(p.strip()) for p in parts if p.strip()]
-
-
-def resolve_notebook(name: str | Path) -> Path:
-    """Find a notebook source by path, file name or stem (``ch2_distance``)."""
-    path = Path(name)
-    candidates = [path, NOTEBOOK_DIR / path, NOTEBOOK_DIR / f"{path.stem}.py"]
-    for c in candidates:
-        if c.suffix == ".py" and c.is_file():
-            return c.resolve()
-    known = sorted(p.stem for p in NOTEBOOK_DIR.glob("*.py"))
-    raise ValueError(f"notebook {str(name)!r} not found; known notebooks: {known}")
-
-
-def notebook_parameters(src: Path) -> dict[str, Any]:
-    """The parameters (name -> default) declared in the cell tagged ``parameters``."""
-    stat = Path(src).stat()
-    return copy.deepcopy(_parameters_cell(Path(src).resolve(), stat.st_mtime_ns, stat.st_size))
-
-
-@functools.lru_cache(maxsize=64)
-def _parameters_cell(src: Path, mtime_ns: int, size: int) -> dict[str, Any]:
-    """:func:`notebook_parameters` of one version of a file (jupytext takes a while on a long notebook)."""
-    for cell in jupytext.read(src).cells:
-        if "parameters" in cell.get("metadata", {}).get("tags", []):
-            tree = ast.parse(cell.source)
-            return {t.id: ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
-                    for t in node.targets if isinstance(t, ast.Name)}
-    return {}
-
-
-def check_parameters(src: Path, parameters: dict[str, Any], *, cache: dict | None = None) -> Parameters:
-    """The values ``src`` will use with ``parameters`` over its defaults: checked once against the specification,
-    its rules and the facts they read (:func:`attn_utils.book.params.resolve`; ``cache`` keeps the models, tokenizers
-    and texts read between runs). A parameter the notebook does not declare, or an invalid value, is a
-    ``ValueError`` naming the notebook and the parameter (and, where it is one, the default)."""
-    declared = notebook_parameters(src)
-    unknown = sorted(set(parameters) - set(declared))
-    if unknown:
-        raise ValueError(f"{src.stem} has no parameter {unknown[0]!r}; its parameters are {sorted(declared)}")
-    try:
-        return resolve({**declared, **parameters}, cache=cache)
-    except ParameterError as err:
-        facts = set(err.names) & set(FACTS)
-        if facts:
-            model = err.facts["model_choice"][0] if "model_choice" in err.facts else {**declared, **parameters}["model"]
-            of = f" ({err.facts['context']} tokens of context)" if "context" in facts else ""
-            raise ParameterError(err.names, f"{src.stem} with model {model!r}{of}: {err}") from None
-        defaults = [n for n in err.names if n in declared and n not in parameters]
-        said = ", ".join(f"{n} = {declared[n]!r}" for n in defaults)
-        hint = f" (the default{'s' * (len(defaults) > 1)} of {src.stem}: {said})" if defaults else ""
-        raise ParameterError(err.names, f"{src.stem}: {err}{hint}") from None
 
 
 def preflight(runs: Iterable[tuple[Path, dict[str, Any]]]) -> list[Parameters]:
