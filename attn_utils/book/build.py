@@ -31,7 +31,8 @@ from attn_utils.book.cache import Cache, merge, now, restore, snapshot, written
 from attn_utils.book.cache import key as cache_key
 from attn_utils.book.params import PARAMETERS_ENV, Parameters, thawed
 from attn_utils.book.sources import (  # noqa: F401 (build's names since before they moved)
-    NOTEBOOK_DIR, ROOT, check_parameters, notebook_parameters, parse_value, resolve_notebook, split_values)
+    NOTEBOOK_DIR, ROOT, book_notebooks, check_parameters, notebook_parameters, parse_value, resolve_notebook, split_values,
+    toc_files)
 
 # CurveZMQ-encrypted kernel connections, as the kernel's "running over TCP without encryption" warning advises
 KERNEL_CONFIG = Config({"KernelManager": {"transport_encryption": "auto"}})
@@ -110,24 +111,6 @@ def environment(values: dict[str, str]):
                 os.environ[key] = value
 
 
-def toc_files(root: Path = ROOT) -> list[str]:
-    """Every file named in ``_toc.yml``, in reading order (without suffix)."""
-    toc = yaml.safe_load((root / "_toc.yml").read_text())
-    files: list[str] = []
-
-    def walk(node):
-        if isinstance(node, dict):
-            files.extend(node[key] for key in ("root", "file") if key in node)
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for item in node:
-                walk(item)
-
-    walk(toc)
-    return files
-
-
 def _remove_stale_staging(folder: Path) -> None:
     """Remove the ``.staging-<pid>-*`` folders of builds that are no longer running (killed ones)."""
     for staging in folder.glob(".staging-*"):
@@ -144,11 +127,6 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # it exists and belongs to another user
         pass
     return True
-
-
-def book_notebooks(root: Path = ROOT) -> list[Path]:
-    """The notebook sources of the book, in reading order."""
-    return [root / f"{f}.py" for f in toc_files(root) if f.startswith("notebooks/")]
 
 
 @dataclass(frozen=True)

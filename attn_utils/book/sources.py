@@ -10,14 +10,21 @@ from __future__ import annotations
 import ast
 import copy
 import functools
+import itertools
 import re
 from pathlib import Path
 from typing import Any, Callable
+
+import yaml
 
 from attn_utils.book.params import FACTS, ParameterError, Parameters, available_memory, resolve, validate
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK_DIR = ROOT / "notebooks"
+# the chapters of `attn-companion windows` (attn_utils.book.windows), named here for the command line's help
+DEFAULT_K = 8
+MODEL_CHAPTERS = ("ch1_vanishing", "ch2_distance", "ch3_separability", "ch4_gradient")
+OPTIONAL_CHAPTERS = ("ch6_beyond",)
 
 # a py:percent cell marker whose metadata tags the cell "parameters": # %% tags=["parameters"]
 _PERCENT = re.compile(r"^# %%")
@@ -53,6 +60,29 @@ def resolve_notebook(name: str | Path) -> Path:
             return c.resolve()
     known = sorted(p.stem for p in NOTEBOOK_DIR.glob("*.py"))
     raise ValueError(f"notebook {str(name)!r} not found; known notebooks: {known}")
+
+
+def toc_files(root: Path = ROOT) -> list[str]:
+    """Every file named in ``_toc.yml``, in reading order (without suffix)."""
+    toc = yaml.safe_load((root / "_toc.yml").read_text())
+    files: list[str] = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            files.extend(node[key] for key in ("root", "file") if key in node)
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(toc)
+    return files
+
+
+def book_notebooks(root: Path = ROOT) -> list[Path]:
+    """The notebook sources of the book, in reading order."""
+    return [root / f"{f}.py" for f in toc_files(root) if f.startswith("notebooks/")]
 
 
 def notebook_parameters(src: Path) -> dict[str, Any]:
@@ -119,3 +149,13 @@ def _named(src: Path, parameters: dict[str, Any], check: Callable[[dict], Parame
         said = ", ".join(f"{n} = {declared[n]!r}" for n in defaults)
         hint = f" (the default{'s' * (len(defaults) > 1)} of {src.stem}: {said})" if defaults else ""
         raise ParameterError(err.names, f"{src.stem}: {err}{hint}") from None
+
+
+def combinations(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """Every combination of the values of ``grid`` (names in sorted order, values in the order given); a name with no
+    value (``-p L ''``, ``-p L ,``) is a ``ValueError`` naming it."""
+    empty = sorted(n for n, values in grid.items() if not values)
+    if empty:
+        raise ValueError(f"-p {empty[0]}: no value given; write the values separated by commas, e.g. -p L 256,512")
+    names = sorted(grid)
+    return [dict(zip(names, values)) for values in itertools.product(*(grid[n] for n in names))]

@@ -15,7 +15,6 @@ import hashlib
 import html
 import importlib.util
 import io
-import itertools
 import json
 import logging
 import math
@@ -43,6 +42,7 @@ from attn_utils.book.cache import Cache, merge, now
 from attn_utils.book.cache import key as cache_key
 from attn_utils.book.formatting import fmt, is_number
 from attn_utils.book.params import Parameters
+from attn_utils.book.sources import combinations  # noqa: F401 (sweep's name since before it moved)
 
 RETRIES = 1  # a task that raises outside its notebook is retried once (a lost worker's task is retried by Dask)
 FIGURES = {"image/png": ("png", base64.b64decode), "image/svg+xml": ("svg", str.encode)}
@@ -155,16 +155,6 @@ def _worker_name() -> str:
 
 
 # --- the sweep, on the client -----------------------------------------------------------------------------------
-
-def combinations(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
-    """Every combination of the values of ``grid`` (names in sorted order, values in the order given); a name with no
-    value (``-p L ''``, ``-p L ,``) is a ``ValueError`` naming it."""
-    empty = sorted(n for n, values in grid.items() if not values)
-    if empty:
-        raise ValueError(f"-p {empty[0]}: no value given; write the values separated by commas, e.g. -p L 256,512")
-    names = sorted(grid)
-    return [dict(zip(names, values)) for values in itertools.product(*(grid[n] for n in names))]
-
 
 @dataclass(frozen=True)
 class Cluster:

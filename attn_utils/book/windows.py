@@ -29,10 +29,8 @@ import pandas as pd
 
 from attn_utils.book import build, claims, runlog, sweep
 from attn_utils.book.formatting import is_number
+from attn_utils.book.sources import DEFAULT_K, MODEL_CHAPTERS, OPTIONAL_CHAPTERS  # noqa: F401 (windows' own)
 
-DEFAULT_K = 8
-MODEL_CHAPTERS = ("ch1_vanishing", "ch2_distance", "ch3_separability", "ch4_gradient")
-OPTIONAL_CHAPTERS = ("ch6_beyond",)
 # the synthetic checks run the same in every window: a tenth of the defaults keeps the K runs short
 SHORT_SYNTHETIC = {
     "ch1_vanishing": {"n_trials": 20},
