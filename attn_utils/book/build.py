@@ -119,6 +119,35 @@ def _remove_stale_staging(folder: Path) -> None:
             shutil.rmtree(staging, ignore_errors=True)
 
 
+class FolderBusy(ValueError):
+    """Another process is writing the same output folder."""
+
+
+def hold_lock(folder: Path, what: str = "build"):
+    """Take the lock of the output ``folder`` (``fcntl.flock`` on ``.<name>.lock`` beside it) and return its open
+    file: the lock is held until the file is closed or the process ends (a killed build leaves no stale lock).
+    :class:`FolderBusy` names the folder and the process holding it when another one does."""
+    import fcntl
+
+    folder = Path(folder).resolve()
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    path = folder.parent / f".{folder.name}.lock"
+    handle = open(path, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "?"
+        handle.close()
+        raise FolderBusy(f"{folder} is being written by another {what} (process {holder}, lock {path}); wait for "
+                         "it to finish or write elsewhere (--out)") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)  # signal 0 only checks that the process exists
@@ -241,6 +270,7 @@ def build_book(parameters: dict[str, Any] | None = None, *, root: Path = ROOT, o
     checked = dict(zip(notebooks, preflight(own.items())))
 
     out.parent.mkdir(parents=True, exist_ok=True)
+    lock = hold_lock(out)  # one build per output folder at a time
     _remove_stale_staging(out.parent)
     staging = Path(tempfile.mkdtemp(prefix=f".staging-{os.getpid()}-", dir=out.parent))
     try:
@@ -280,3 +310,4 @@ def build_book(parameters: dict[str, Any] | None = None, *, root: Path = ROOT, o
         return BookResult(out, records, executions)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        lock.close()
