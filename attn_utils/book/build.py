@@ -92,6 +92,8 @@ def execute_notebook(src: Path, out: Path, p: Parameters, *, run_dir: Path | Non
                                            kernel_name="python3", progress_bar=progress, execution_timeout=timeout,
                                            config=KERNEL_CONFIG, shutdown_kernel="immediate")
         except papermill.PapermillExecutionError as exc:
+            if exc.ename == "KeyboardInterrupt":  # Ctrl-C reached the kernel's cell before this process
+                raise KeyboardInterrupt from None
             raise NotebookFailed(f"notebook {src.name} failed: {exc.ename}: {exc.evalue}") from None
     return time.perf_counter() - start
 

@@ -38,7 +38,7 @@ import pandas as pd
 import psutil
 
 from attn_utils.book import runlog
-from attn_utils.book.build import NotebookFailed, execute_notebook, hold_lock, preflight, run_notebook
+from attn_utils.book.build import NotebookFailed, environment, execute_notebook, hold_lock, preflight, run_notebook
 from attn_utils.book.cache import Cache, merge, now
 from attn_utils.book.cache import key as cache_key
 from attn_utils.book.formatting import fmt, is_number
@@ -275,13 +275,31 @@ def _client(cluster: Cluster) -> Iterator[Any]:
             yield client
         return
     n = cluster.workers or min(2, _cores())
-    with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as cluster, \
+    with _scratch() as scratch, \
+            LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
+                         dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR,
+                         local_directory=str(scratch / "dask")) as cluster, \
             Client(cluster) as client:
         print(f"local Dask cluster: {n} worker process{'es' * (n > 1)}, one thread each, "
               f"scheduler {cluster.scheduler_address}", flush=True)
         _say_dashboard(client)
         yield client
+
+
+@contextmanager
+def _scratch() -> Iterator[Path]:
+    """A temporary folder for everything a local cluster leaves on disk: the workers' folders (``dask/``), their
+    temporary files (``$TMPDIR``) and their kernels' connection files (``$JUPYTER_RUNTIME_DIR``), inherited by the
+    worker processes; removed when the sweep ends, also when it is interrupted."""
+    scratch = Path(tempfile.mkdtemp(prefix="attn-companion-sweep-"))
+    env = {"TMPDIR": str(scratch / "tmp"), "JUPYTER_RUNTIME_DIR": str(scratch / "jupyter")}
+    try:
+        for folder in env.values():
+            Path(folder).mkdir()
+        with environment(env):
+            yield scratch
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _cores() -> int:
