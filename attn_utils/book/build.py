@@ -31,8 +31,8 @@ from attn_utils.book.cache import Cache, merge, now, restore, snapshot, written
 from attn_utils.book.cache import key as cache_key
 from attn_utils.book.params import PARAMETERS_ENV, Parameters, thawed
 from attn_utils.book.sources import (  # noqa: F401 (build's names since before they moved)
-    NOTEBOOK_DIR, ROOT, book_notebooks, check_parameters, notebook_parameters, parse_value, resolve_notebook, split_values,
-    toc_files)
+    NOTEBOOK_DIR, ROOT, book_notebooks, check_parameters, notebook_parameters, parse_value, resolve_notebook,
+    split_values, toc_files)
 
 # CurveZMQ-encrypted kernel connections, as the kernel's "running over TCP without encryption" warning advises
 KERNEL_CONFIG = Config({"KernelManager": {"transport_encryption": "auto"}})
