@@ -20,6 +20,9 @@ defaults filled in, the rules between them, the model's context and the corpus (
 A notebook whose execution the cache holds under the same key (its code, parameters, the library's source, the
 installed versions, the model's weights, the corpus, the device and the seed) is not executed again; --no-cache
 executes it (attn_utils.book.cache).
+
+The arguments and every parameter's specification are checked with light imports only (attn_utils.book.sources),
+so that a typo is refused at once; torch, transformers and the notebook stack are imported after that.
 """
 from __future__ import annotations
 
@@ -29,18 +32,18 @@ import os
 import shlex
 import signal
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
-from attn_utils.book import build, sweep, windows
-
+from attn_utils.book import sources
 from attn_utils.book.params import describe
-from attn_utils.classroom import exercises, grading, nbgrader_support, student
+from attn_utils.classroom.limits import DEFAULT_TIME_LIMIT, check_time_limit
 
 
 def _parameters(pairs: list[list[str]] | None, *, multi: bool = False) -> dict:
     params = {}
     for name, value in pairs or []:
-        params[name] = build.split_values(value) if multi else build.parse_value(value)
+        params[name] = sources.split_values(value) if multi else sources.parse_value(value)
     return params
 
 
@@ -59,7 +62,7 @@ def _params_line(text: str) -> dict:
         name, sep, value = item.partition("=")
         if not (sep and name.isidentifier() and _complete(value)):
             raise ValueError(f"--params: cannot read {item!r} as NAME=VALUE. {QUOTING}")
-        params[name] = build.parse_value(value)
+        params[name] = sources.parse_value(value)
     return params
 
 
@@ -70,7 +73,7 @@ def _complete(value: str) -> bool:
     try:
         ast.literal_eval(value)
     except (ValueError, SyntaxError):
-        return not isinstance(build.parse_value(value), str)  # a bracketed list of bare words is complete
+        return not isinstance(sources.parse_value(value), str)  # a bracketed list of bare words is complete
     return True
 
 
@@ -84,9 +87,36 @@ def _check_out(path: Path) -> None:
         raise ValueError(f"--out {path}: {existing} is not writable")
 
 
-def _preflight_exercises(notebooks: list[str], parameters: dict) -> None:
+def _check_book(parameters: dict) -> None:
+    """The specification of every book notebook's values (:func:`attn_utils.book.sources.check_specs`), before the
+    build imports anything heavy, and the build's ``models`` (unless ``auto``, which the build resolves); a parameter
+    no notebook declares is left to the build to name."""
+    if parameters.get("models", "auto") != "auto" or "models" in parameters and "model" in parameters:
+        from attn_utils.book.params import book_models
+
+        book_models(parameters["models"], model=parameters.get("model"))
+    for src in sources.book_notebooks():
+        declared = sources.notebook_parameters(src)
+        if declared:
+            sources.check_specs(src, {k: v for k, v in parameters.items() if k in declared})
+
+
+def _preflight_exercises(notebooks: list[str], parameters: dict, exercises_only: bool) -> None:
     """:func:`attn_utils.book.build.preflight` for the chapters of a course (``notebooks``, default: every one with
-    an exercise) with ``parameters``, the values their read-only parameters cells will hold."""
+    an exercise) with ``parameters``, the values their read-only parameters cells will hold. With
+    ``exercises_only`` no chapter code runs: only a ``model`` given is checked (that it names a model)."""
+    from attn_utils.book import build
+    from attn_utils.classroom import exercises, student
+
+    if exercises_only:
+        if "model" in parameters and parameters["model"] != "auto":
+            from attn_utils.models.loading import model_context
+
+            try:
+                model_context(parameters["model"])
+            except (OSError, ValueError) as err:
+                raise ValueError(f"-p model {parameters['model']!r}: {str(err).splitlines()[0]}") from None
+        return
     stems = [build.resolve_notebook(n).stem for n in notebooks] or exercises.exercise_notebooks()
     own = student.per_notebook(parameters, stems)
     build.preflight([(build.NOTEBOOK_DIR / f"{stem}.py", own[stem]) for stem in stems])
@@ -103,9 +133,9 @@ def _corpus(refresh: bool) -> str:
 
 
 def _print_params(notebook: str | None) -> None:
-    sources = [build.resolve_notebook(notebook)] if notebook else sorted(build.NOTEBOOK_DIR.glob("*.py"))
-    for src in sources:
-        defaults = build.notebook_parameters(src)
+    found = [sources.resolve_notebook(notebook)] if notebook else sorted(sources.NOTEBOOK_DIR.glob("*.py"))
+    for src in found:
+        defaults = sources.notebook_parameters(src)
         print(f"{src.stem}:" + ("" if defaults else " no parameters"))
         if defaults:
             print(describe(defaults))
@@ -136,7 +166,7 @@ def parser() -> argparse.ArgumentParser:
     p_book.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"))
     p_book.add_argument("--params", default="", metavar="'NAME=VALUE ...'",
                         help="parameters in one string, split like a shell line (make book PARAMS=...)")
-    p_book.add_argument("--out", type=Path, default=build.ROOT / "_build" / "html",
+    p_book.add_argument("--out", type=Path, default=sources.ROOT / "_build" / "html",
                         help="HTML folder (default _build/html)")
     p_book.add_argument("--repository", default=None, metavar="https://github.com/OWNER/NAME",
                         help="the public repository: turns on the repository, Binder and Colab buttons "
@@ -177,11 +207,11 @@ def parser() -> argparse.ArgumentParser:
                     "windows.csv then give, per ledger claim, the verdict in each window, whether it is stable, and "
                     "the median, min and max of each number; `attn-companion book --windows OUT/windows.json` shows "
                     "them in the ledger.")
-    p_windows.add_argument("--windows", dest="k", type=int, default=windows.DEFAULT_K, metavar="K",
-                           help=f"number of windows (default {windows.DEFAULT_K}; at most the corpus's chapters)")
-    p_windows.add_argument("--notebooks", nargs="+", default=list(windows.MODEL_CHAPTERS), metavar="NOTEBOOK",
-                           help=f"the chapters to run (default {' '.join(windows.MODEL_CHAPTERS)}; also "
-                                f"{' '.join(windows.OPTIONAL_CHAPTERS)})")
+    p_windows.add_argument("--windows", dest="k", type=int, default=sources.DEFAULT_K, metavar="K",
+                           help=f"number of windows (default {sources.DEFAULT_K}; at most the corpus's chapters)")
+    p_windows.add_argument("--notebooks", nargs="+", default=list(sources.MODEL_CHAPTERS), metavar="NOTEBOOK",
+                           help=f"the chapters to run (default {' '.join(sources.MODEL_CHAPTERS)}; also "
+                                f"{' '.join(sources.OPTIONAL_CHAPTERS)})")
     p_windows.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"),
                            help="a parameter for every chapter that has it (not chapters or offset, set per window)")
     _cluster_options(p_windows)
@@ -197,8 +227,8 @@ def parser() -> argparse.ArgumentParser:
     p_student.add_argument("--out", type=Path, required=True, help="the course folder (new, or one written before)")
     p_student.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"),
                            help="a default written into the notebooks (e.g. -p model gpt2-random)")
-    p_student.add_argument("--time-limit", type=float, default=student.DEFAULT_TIME_LIMIT,
-                           help=f"seconds one cell may run when it is graded (default {student.DEFAULT_TIME_LIMIT:g}; "
+    p_student.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT,
+                           help=f"seconds one cell may run when it is graded (default {DEFAULT_TIME_LIMIT:g}; "
                                 f"the chapter's read-only cells get at least 600)")
     p_student.add_argument("--exercises-only", action="store_true",
                            help="notebooks with the chapters' exercises only (no model: graded in seconds)")
@@ -220,62 +250,116 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Interrupted:
+    """Ctrl-C (SIGINT) and SIGTERM raise ``KeyboardInterrupt`` here and are remembered: whatever fails after one
+    (the kernel's cell, which got the same SIGINT, may fail first) ends as an interruption, exit 130."""
+
+    def __init__(self):
+        self.signalled = False
+
+    def __call__(self, signum, frame):
+        self.signalled = True
+        raise KeyboardInterrupt
+
+    @contextmanager
+    def installed(self):
+        previous = {s: signal.signal(s, self) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield self
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops like Ctrl-C
+    interrupted = _Interrupted()
     try:
-        if args.command in ("book", "run", "sweep", "windows"):
-            _check_out(args.out)
-        if args.command == "book":
-            parameters = {**_params_line(args.params), **_parameters(args.parameter)}
-            across = windows.load(args.windows) if args.windows is not None else None
-            result = build.build_book(parameters, out=args.out, repository=args.repository, windows=across,
-                                      reuse=args.reuse)
-            print(f"book written to {result.html / 'index.html'}")
-        elif args.command == "run":
-            src = build.resolve_notebook(args.notebook)
-            out = sweep.run_one(src, _parameters(args.parameter), args.out, reuse=args.reuse)
-            print(f"executed notebook: {out}")
-        elif args.command == "sweep":
-            src = build.resolve_notebook(args.notebook)
-            index = sweep.sweep(src, _parameters(args.parameter, multi=True), args.out,
-                                cluster=sweep.Cluster(args.workers, args.scheduler), force=args.force,
-                                reuse=args.reuse)
-            print(f"sweep index: {index}\ntable: {index.parent / 'results.parquet'} (and results.csv)")
-        elif args.command == "windows":
-            path = windows.run_windows(args.k, args.out, notebooks=args.notebooks,
-                                       parameters=_parameters(args.parameter),
-                                       cluster=sweep.Cluster(args.workers, args.scheduler), force=args.force,
-                                reuse=args.reuse)
-            print(f"windows: {path} (and windows.csv); build the book with it: attn-companion book --windows {path}")
-        elif args.command == "student":
-            nbgrader_support.check_time_limit(args.time_limit)
-            if not args.exercises_only:  # notebooks of exercises only run no chapter code
-                _preflight_exercises(args.notebooks, _parameters(args.parameter))
-            released = student.write_course(args.out, args.notebooks, _parameters(args.parameter),
-                                            time_limit=args.time_limit, exercises_only=args.exercises_only)
-            print(f"nbgrader course written to {args.out}: {len(released)} assignment(s); hand out "
-                  f"{args.out / 'release'}, keep {args.out / 'source'} (solutions, hidden tests)")
-        elif args.command == "corpus":
-            print(_corpus(args.refresh))
-        elif args.command == "grade":
-            grading.grade(args.course, args.submissions or None, args.out, time_limit=args.time_limit,
-                          sandboxed=args.sandboxed)
-        else:
-            _print_params(args.notebook)
-    except (ValueError, build.NotebookFailed, RuntimeError) as exc:
-        print(f"attn-companion {args.command}: error: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, ValueError) else 1
+        with interrupted.installed():
+            _command(args)
     except KeyboardInterrupt:
-        kept = {"book": f"; the previous book in {args.out} is kept",
-                "sweep": f"; the finished runs in {args.out} are kept (a re-run skips them)",
-                "windows": f"; the finished runs in {args.out} are kept (a re-run skips them)"}.get(args.command, "")
-        print(f"\nattn-companion {args.command}: interrupted{kept}", file=sys.stderr)
-        return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+        return _interrupted(args)
+    except (ValueError, RuntimeError, OSError) as exc:  # NotebookFailed is a RuntimeError; OSError: a full disk...
+        if interrupted.signalled:
+            return _interrupted(args)
+        print(f"attn-companion {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+        return 2 if isinstance(exc, ValueError) else 1
     return 0
+
+
+def _one_line(exc: BaseException) -> str:
+    """The message of ``exc``; for an ``OSError``, its reason and the file it concerns (``[Errno 28] No space left
+    on device: 'runs/...'``)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f": {exc.filename}" if exc.filename else ""
+        return f"{exc.strerror}{where}"
+    return str(exc) or type(exc).__name__
+
+
+def _interrupted(args: argparse.Namespace) -> int:
+    kept = {"book": f"; the previous book in {args.out} is kept",
+            "sweep": f"; the finished runs in {args.out} are kept (a re-run skips them)",
+            "windows": f"; the finished runs in {args.out} are kept (a re-run skips them)"}.get(args.command, "")
+    print(f"\nattn-companion {args.command}: interrupted{kept}", file=sys.stderr)
+    return 130
+
+
+def _command(args: argparse.Namespace) -> None:
+    """Run the command of ``args``: its arguments and parameters are checked before the heavy modules are imported."""
+    if args.command in ("book", "run", "sweep", "windows"):
+        _check_out(args.out)
+    if args.command == "book":
+        parameters = {**_params_line(args.params), **_parameters(args.parameter)}
+        _check_book(parameters)
+        from attn_utils.book import build, windows
+
+        across = windows.load(args.windows) if args.windows is not None else None
+        result = build.build_book(parameters, out=args.out, repository=args.repository, windows=across,
+                                  reuse=args.reuse)
+        print(f"book written to {result.html / 'index.html'}")
+    elif args.command == "run":
+        src, parameters = sources.resolve_notebook(args.notebook), _parameters(args.parameter)
+        sources.check_specs(src, parameters)
+        from attn_utils.book import sweep
+
+        out = sweep.run_one(src, parameters, args.out, reuse=args.reuse)
+        print(f"executed notebook: {out}")
+    elif args.command == "sweep":
+        src, grid = sources.resolve_notebook(args.notebook), _parameters(args.parameter, multi=True)
+        for combination in sources.combinations(grid):
+            sources.check_specs(src, combination)
+        from attn_utils.book import sweep
+
+        index = sweep.sweep(src, grid, args.out, cluster=sweep.Cluster(args.workers, args.scheduler),
+                            force=args.force, reuse=args.reuse)
+        print(f"sweep index: {index}\ntable: {index.parent / 'results.parquet'} (and results.csv)")
+    elif args.command == "windows":
+        from attn_utils.book import sweep, windows
+
+        path = windows.run_windows(args.k, args.out, notebooks=args.notebooks, parameters=_parameters(args.parameter),
+                                   cluster=sweep.Cluster(args.workers, args.scheduler), force=args.force,
+                                   reuse=args.reuse)
+        print(f"windows: {path} (and windows.csv); build the book with it: attn-companion book --windows {path}")
+    elif args.command == "student":
+        check_time_limit(args.time_limit)
+        _preflight_exercises(args.notebooks, _parameters(args.parameter), args.exercises_only)
+        from attn_utils.classroom import student
+
+        released = student.write_course(args.out, args.notebooks, _parameters(args.parameter),
+                                        time_limit=args.time_limit, exercises_only=args.exercises_only)
+        print(f"nbgrader course written to {args.out}: {len(released)} assignment(s); hand out "
+              f"{args.out / 'release'}, keep {args.out / 'source'} (solutions, hidden tests)")
+    elif args.command == "corpus":
+        print(_corpus(args.refresh))
+    elif args.command == "grade":
+        if args.time_limit is not None:
+            check_time_limit(args.time_limit)
+        from attn_utils.classroom import grading
+
+        grading.grade(args.course, args.submissions or None, args.out, time_limit=args.time_limit,
+                      sandboxed=args.sandboxed)
+    else:
+        _print_params(args.notebook)
 
 
 if __name__ == "__main__":

@@ -8,9 +8,6 @@ files are never modified.
 """
 from __future__ import annotations
 
-import ast
-import copy
-import functools
 import os
 import re
 import shutil
@@ -33,98 +30,17 @@ from attn_utils.book import runlog
 from attn_utils.book.cache import Cache, merge, now, restore, snapshot, written
 from attn_utils.book.cache import key as cache_key
 from attn_utils.book import compare
-from attn_utils.book.params import (FACTS, PARAMETERS_ENV, ParameterError, Parameters, book_models, resolve,
-                                     resolve_on, thawed)
+from attn_utils.book.params import PARAMETERS_ENV, Parameters, book_models, thawed
+from attn_utils.book.sources import (  # noqa: F401 (build's names since before they moved)
+    NOTEBOOK_DIR, ROOT, book_notebooks, check_parameters, notebook_parameters, parse_value, resolve_notebook,
+    split_values, toc_files)
 
-ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOK_DIR = ROOT / "notebooks"
 # CurveZMQ-encrypted kernel connections, as the kernel's "running over TCP without encryption" warning advises
 KERNEL_CONFIG = Config({"KernelManager": {"transport_encryption": "auto"}})
 
 
 class NotebookFailed(RuntimeError):
     """A notebook raised; the message names the notebook and the error."""
-
-
-def parse_value(text: str) -> Any:
-    """Read a command-line value as a Python literal (``5``, ``1e-3``, ``[32, 64]``, ``None``), else a string; a
-    bracketed list of bare words reads as a list of strings (``[smollm2-135m,minilm-l6]``)."""
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        inner = text.strip()
-        if inner.startswith("[") and inner.endswith("]") and inner.count("[") == 1 and inner.count("]") == 1:
-            return split_values(inner[1:-1])
-        return text
-
-
-def split_values(text: str) -> list[Any]:
-    """Split ``v1,v2,...`` at top-level commas (commas inside brackets stay), parsing each value."""
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        depth += ch in "[(" and 1 or ch in "])" and -1 or 0
-        if ch == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    return [parse_value(p.strip()) for p in parts if p.strip()]
-
-
-def resolve_notebook(name: str | Path) -> Path:
-    """Find a notebook source by path, file name or stem (``ch2_distance``)."""
-    path = Path(name)
-    candidates = [path, NOTEBOOK_DIR / path, NOTEBOOK_DIR / f"{path.stem}.py"]
-    for c in candidates:
-        if c.suffix == ".py" and c.is_file():
-            return c.resolve()
-    known = sorted(p.stem for p in NOTEBOOK_DIR.glob("*.py"))
-    raise ValueError(f"notebook {str(name)!r} not found; known notebooks: {known}")
-
-
-def notebook_parameters(src: Path) -> dict[str, Any]:
-    """The parameters (name -> default) declared in the cell tagged ``parameters``."""
-    stat = Path(src).stat()
-    return copy.deepcopy(_parameters_cell(Path(src).resolve(), stat.st_mtime_ns, stat.st_size))
-
-
-@functools.lru_cache(maxsize=64)
-def _parameters_cell(src: Path, mtime_ns: int, size: int) -> dict[str, Any]:
-    """:func:`notebook_parameters` of one version of a file (jupytext takes a while on a long notebook)."""
-    for cell in jupytext.read(src).cells:
-        if "parameters" in cell.get("metadata", {}).get("tags", []):
-            tree = ast.parse(cell.source)
-            return {t.id: ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
-                    for t in node.targets if isinstance(t, ast.Name)}
-    return {}
-
-
-def check_parameters(src: Path, parameters: dict[str, Any], *, cache: dict | None = None,
-                     on: str | None = None, variant: bool = False) -> Parameters:
-    """The values ``src`` will use with ``parameters`` over its defaults: checked once against the specification,
-    its rules and the facts they read (:func:`attn_utils.book.params.resolve`; ``cache`` keeps the models, tokenizers
-    and texts read between runs; ``on``: another model, :func:`~attn_utils.book.params.resolve_on`, and with
-    ``variant`` a build's run of the notebook on it, whose synthetic parts are not shown). A
-    parameter the notebook does not declare, or an invalid value, is a ``ValueError`` naming the notebook and the
-    parameter (and, where it is one, the default)."""
-    declared = notebook_parameters(src)
-    unknown = sorted(set(parameters) - set(declared))
-    if unknown:
-        raise ValueError(f"{src.stem} has no parameter {unknown[0]!r}; its parameters are {sorted(declared)}")
-    try:
-        if on is not None:
-            return resolve_on(on, {**declared, **parameters}, cache=cache, notebook=src.stem if variant else None)
-        return resolve({**declared, **parameters}, cache=cache)
-    except ParameterError as err:
-        facts = set(err.names) & set(FACTS)
-        if facts:
-            model = on or (err.facts["model_choice"][0] if "model_choice" in err.facts
-                           else {**declared, **parameters}["model"])
-            of = f" ({err.facts['context']} tokens of context)" if "context" in facts else ""
-            raise ParameterError(err.names, f"{src.stem} with model {model!r}{of}: {err}") from None
-        defaults = [n for n in err.names if n in declared and n not in parameters]
-        said = ", ".join(f"{n} = {declared[n]!r}" for n in defaults)
-        hint = f" (the default{'s' * (len(defaults) > 1)} of {src.stem}: {said})" if defaults else ""
-        raise ParameterError(err.names, f"{src.stem}: {err}{hint}") from None
 
 
 def preflight(runs: Iterable[tuple[Path, dict[str, Any]]], *, cache: dict | None = None) -> list[Parameters]:
@@ -179,6 +95,8 @@ def execute_notebook(src: Path, out: Path, p: Parameters, *, run_dir: Path | Non
                                            kernel_name="python3", progress_bar=progress, execution_timeout=timeout,
                                            config=KERNEL_CONFIG, shutdown_kernel="immediate")
         except papermill.PapermillExecutionError as exc:
+            if exc.ename == "KeyboardInterrupt":  # Ctrl-C reached the kernel's cell before this process
+                raise KeyboardInterrupt from None
             raise NotebookFailed(f"notebook {src.name} failed: {exc.ename}: {exc.evalue}") from None
     return time.perf_counter() - start
 
@@ -198,30 +116,41 @@ def environment(values: dict[str, str]):
                 os.environ[key] = value
 
 
-def toc_files(root: Path = ROOT) -> list[str]:
-    """Every file named in ``_toc.yml``, in reading order (without suffix)."""
-    toc = yaml.safe_load((root / "_toc.yml").read_text())
-    files: list[str] = []
-
-    def walk(node):
-        if isinstance(node, dict):
-            files.extend(node[key] for key in ("root", "file") if key in node)
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for item in node:
-                walk(item)
-
-    walk(toc)
-    return files
-
-
 def _remove_stale_staging(folder: Path) -> None:
     """Remove the ``.staging-<pid>-*`` folders of builds that are no longer running (killed ones)."""
     for staging in folder.glob(".staging-*"):
         pid = staging.name.split("-")[1]
         if not (pid.isdigit() and _alive(int(pid))):
             shutil.rmtree(staging, ignore_errors=True)
+
+
+class FolderBusy(ValueError):
+    """Another process is writing the same output folder."""
+
+
+def hold_lock(folder: Path, what: str = "build"):
+    """Take the lock of the output ``folder`` (``fcntl.flock`` on ``.<name>.lock`` beside it) and return its open
+    file: the lock is held until the file is closed or the process ends (a killed build leaves no stale lock).
+    :class:`FolderBusy` names the folder and the process holding it when another one does."""
+    import fcntl
+
+    folder = Path(folder).resolve()
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    path = folder.parent / f".{folder.name}.lock"
+    handle = open(path, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "?"
+        handle.close()
+        raise FolderBusy(f"{folder} is being written by another {what} (process {holder}, lock {path}); wait for "
+                         "it to finish or write elsewhere (--out)") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle
 
 
 def _alive(pid: int) -> bool:
@@ -232,11 +161,6 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # it exists and belongs to another user
         pass
     return True
-
-
-def book_notebooks(root: Path = ROOT) -> list[Path]:
-    """The notebook sources of the book, in reading order."""
-    return [root / f"{f}.py" for f in toc_files(root) if f.startswith("notebooks/")]
 
 
 @dataclass(frozen=True)
@@ -359,6 +283,7 @@ def build_book(parameters: dict[str, Any] | None = None, *, root: Path = ROOT, o
                 for nb in notebooks if "model" in declared[nb]}
 
     out.parent.mkdir(parents=True, exist_ok=True)
+    lock = hold_lock(out)  # one build per output folder at a time
     _remove_stale_staging(out.parent)
     staging = Path(tempfile.mkdtemp(prefix=f".staging-{os.getpid()}-", dir=out.parent))
     try:
@@ -406,3 +331,4 @@ def build_book(parameters: dict[str, Any] | None = None, *, root: Path = ROOT, o
         return BookResult(out, records, executions)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        lock.close()

@@ -21,9 +21,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
-from attn_utils.mathematics import registry
-
-NORMALIZER_NAMES = registry.COMPARED
+from attn_utils.normalizer_names import COMPARED as NORMALIZER_NAMES
 
 
 @dataclass(frozen=True)
@@ -56,12 +54,33 @@ def _int_list(lo, increasing=False):
     return check
 
 
-def _pos_list(v) -> bool:
-    return isinstance(v, (list, tuple)) and bool(v) and all(_is_real(x, 0, open_lo=True) for x in v)
+def _in_list(lo: float, hi: float) -> Callable[[Any], bool]:
+    def check(v) -> bool:
+        return isinstance(v, (list, tuple)) and bool(v) and all(_is_real(x, lo) and x <= hi for x in v)
+    return check
+
+
+#: the range of temperatures, perturbation sizes and standard deviations: every one divides or multiplies logits of
+#: size 1e-3..1e3, and l / T, T * l, l + eps then stay within about 1e-9..1e9, where float64 softmax weights and
+#: their finite differences neither overflow nor underflow (T = 1e-300 gives l / T = inf).
+SCALE_RANGE = (1e-6, 1e6)
+#: the range of the radius M: M^2 and the squared distances of points on the sphere (up to 4 M^2) stay normal
+#: float64 numbers (about 1e-200..4e200; M = 1e-300 gives a selective ball of radius 0).
+RADIUS_RANGE = (1e-100, 1e100)
+#: the largest seed: torch's generators take a signed 64-bit seed
+MAX_SEED = 2**63 - 1
+#: the largest corpus file read (War and Peace is 3.3 MB)
+MAX_CORPUS_BYTES = 256 * 2**20
 
 
 def _corpus(v) -> bool:
-    return v == "war-and-peace" or (isinstance(v, str) and Path(v).expanduser().is_file())
+    if v == "war-and-peace":
+        return True
+    try:
+        path = Path(v).expanduser()
+        return path.is_file() and path.stat().st_size <= MAX_CORPUS_BYTES
+    except (TypeError, ValueError, OSError):  # not a string, a NUL in the name, a name too long
+        return False
 
 
 def _chapters(v) -> bool:
@@ -74,7 +93,8 @@ SPECS: dict[str, Spec] = {
                   "'gpt2-random', a Hugging Face id or a local folder",
                   lambda v: isinstance(v, str) and bool(v.strip()),
                   "the model whose attention is measured; 'auto' takes GPT-2 when it can be had, SmolLM2 otherwise"),
-    "corpus": Spec("'war-and-peace' or the path of a UTF-8 text file", _corpus,
+    "corpus": Spec(f"'war-and-peace' or the path of a UTF-8 text file of at most {MAX_CORPUS_BYTES // 2**20} MiB",
+                   _corpus,
                    "the text fed to the model"),
     "chapters": Spec("None or [first, last] with 1 <= first <= last", _chapters,
                      "consecutive chapters of the novel (1-based, counted across its books); None = whole novel"),
@@ -88,16 +108,19 @@ SPECS: dict[str, Spec] = {
     "N": Spec("an integer >= 1", lambda v: _is_int(v, 1), "size of the top-N set"),
     "Ns": Spec("a non-empty increasing list of integers >= 1", _int_list(1, increasing=True),
                "the grid of top-N sizes"),
-    "Ts": Spec("a non-empty list of numbers > 0", _pos_list, "the grid of temperatures"),
-    "epsilons": Spec("a non-empty list of numbers > 0", _pos_list, "logit perturbation sizes of g(T, eps)"),
+    "Ts": Spec(f"a non-empty list of numbers in [{SCALE_RANGE[0]:g}, {SCALE_RANGE[1]:g}]", _in_list(*SCALE_RANGE),
+               "the grid of temperatures"),
+    "epsilons": Spec(f"a non-empty list of numbers in [{SCALE_RANGE[0]:g}, {SCALE_RANGE[1]:g}]",
+                     _in_list(*SCALE_RANGE), "logit perturbation sizes of g(T, eps)"),
     "ks_alpha": Spec("a number in (0, 1)", lambda v: _is_real(v, 0, 1, open_lo=True) and v < 1,
                      "significance level of the Kolmogorov-Smirnov test of Algorithm 3"),
-    "seed": Spec("an integer >= 0", lambda v: _is_int(v, 0), "seed of every random draw"),
+    "seed": Spec("an integer in [0, 2**63 - 1]", lambda v: _is_int(v, 0, MAX_SEED), "seed of every random draw"),
     "n_samples": Spec("an integer >= 1", lambda v: _is_int(v, 1), "Monte-Carlo samples"),
     "n_trials": Spec("an integer >= 1", lambda v: _is_int(v, 1), "random synthetic instances"),
-    "sigmas": Spec("a non-empty list of numbers > 0", _pos_list,
+    "sigmas": Spec(f"a non-empty list of numbers in [{SCALE_RANGE[0]:g}, {SCALE_RANGE[1]:g}]", _in_list(*SCALE_RANGE),
                    "standard deviations of the N(0, sigma^2) logits of synthetic rows"),
-    "M": Spec("a number > 0", lambda v: _is_real(v, 0, open_lo=True), "radius of the sphere of Assumption 1"),
+    "M": Spec(f"a number in [{RADIUS_RANGE[0]:g}, {RADIUS_RANGE[1]:g}]", lambda v: _is_real(v, *RADIUS_RANGE),
+              "radius of the sphere of Assumption 1"),
     "vectors": Spec("'value', 'key' or 'query'", lambda v: v in ("value", "key", "query"),
                     "which per-head vectors play the role of the x_i"),
     "logit_scale": Spec("'raw' (q.k) or 'model' (q.k times the model's scaling)", lambda v: v in ("raw", "model"),
@@ -131,7 +154,12 @@ FACTS = {
     "context": (("model",), "the model's context length in tokens, from its configuration"),
     "corpus_tokens": (("model", "corpus"), "the tokens of the corpus (its chapters) under the model's tokenizer"),
     "cuda_devices": (("device",), "the number of CUDA GPUs that torch sees on this machine"),
+    "memory": ((), "the memory available on this machine, in bytes (MemAvailable of /proc/meminfo, within the "
+                   "cgroup's limit)"),
 }
+#: facts the rules read that are not recorded in :class:`Parameters` (they change from moment to moment, and no
+#: result depends on them: recorded, they would change every cache key)
+UNRECORDED = frozenset({"memory"})
 
 
 #: the embedded pretrained models, in the order of a build's models after gpt2 (attn_utils.models.embedded)
@@ -219,6 +247,41 @@ def _device_present(device, cuda_devices):
     return device
 
 
+def available_memory() -> int | None:
+    """The bytes of memory this process may still take: ``MemAvailable`` of ``/proc/meminfo``, at most what the
+    cgroup (v2 ``memory.max`` less ``memory.current``) leaves; ``None`` where neither can be read."""
+    found = []
+    try:
+        with open("/proc/meminfo") as f:
+            found += [int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")]
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            found.append(int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
+
+
+def _bytes(n: float) -> str:
+    """``n`` bytes in words: 8e+12 B -> '8 TB'."""
+    k = min(max(int(math.log10(n) // 3), 0), 5) if n >= 1 else 0
+    return f"{n / 1000 ** k:.3g} {('B', 'kB', 'MB', 'GB', 'TB', 'PB')[k]}"
+
+
+def _fits(name: str, per_item: int, what: str) -> Callable[[int, int], int]:
+    """The rule that ``value`` items of at least ``per_item`` bytes each (``what``) fit in the available memory."""
+    def derive(value, memory):
+        need = value * per_item
+        if need > memory:
+            raise ValueError(f"parameter {name} = {value} needs at least {_bytes(need)} of memory ({what}), but "
+                             f"{_bytes(memory)} are available here; lower {name}")
+        return value
+    return derive
+
+
 def _window_in_corpus(offset, L, tokens):
     if offset + L > tokens:
         raise ValueError(f"parameters offset + L = {offset} + {L} = {offset + L} exceed the {tokens} tokens of the "
@@ -240,6 +303,10 @@ RULES: tuple[Rule, ...] = (  # in this order: a rule may use a value that an ear
          "in [L + 1, context]"),
     Rule(("device", "cuda_devices"), _device_present,
          "device 'cuda' or 'cuda:N' needs that GPU here; 'auto' takes the GPU when there is one, else the CPU"),
+    Rule(("n_trials", "memory"), _fits("n_trials", 8, "every synthetic instance keeps at least one float64 result"),
+         "n_trials x 8 bytes (at least one float64 result kept per instance) must fit in the available memory"),
+    Rule(("n_samples", "memory"), _fits("n_samples", 8, "every Monte-Carlo sample keeps at least one float64"),
+         "n_samples x 8 bytes (at least one float64 kept per sample) must fit in the available memory"),
     Rule(("offset", "L", "corpus_tokens"), _window_in_corpus,
          "offset + L must not exceed the tokens of the corpus (its chapters) under the model's tokenizer"),
 )
@@ -389,7 +456,7 @@ def _check(values: dict[str, Any], fact: Callable[[str, dict], Any]) -> Paramete
                 known[rule.names[0]] = rule.derive(*(known[n] if n in known else facts[n] for n in rule.names))
             except ValueError as err:
                 raise ParameterError(rule.names, str(err), facts) from None
-    return Parameters(known, values, facts)
+    return Parameters(known, values, {k: v for k, v in facts.items() if k not in UNRECORDED})
 
 
 class _FactReader:
@@ -406,6 +473,8 @@ class _FactReader:
     def read(self, name: str, known: dict[str, Any]) -> Any:
         if not all(s in known for s in FACTS[name][0]):
             return None
+        if name == "memory":
+            return available_memory()
         if name == "cuda_devices":
             import torch
 

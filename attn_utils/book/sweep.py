@@ -15,7 +15,6 @@ import hashlib
 import html
 import importlib.util
 import io
-import itertools
 import json
 import logging
 import math
@@ -36,13 +35,15 @@ from typing import Any, Iterator
 
 import nbformat
 import pandas as pd
+import psutil
 
 from attn_utils.book import runlog
-from attn_utils.book.build import NotebookFailed, execute_notebook, preflight, run_notebook
+from attn_utils.book.build import NotebookFailed, environment, execute_notebook, hold_lock, preflight, run_notebook
 from attn_utils.book.cache import Cache, merge, now
 from attn_utils.book.cache import key as cache_key
 from attn_utils.book.formatting import fmt, is_number
 from attn_utils.book.params import Parameters
+from attn_utils.book.sources import combinations  # noqa: F401 (sweep's name since before it moved)
 
 RETRIES = 1  # a task that raises outside its notebook is retried once (a lost worker's task is retried by Dask)
 FIGURES = {"image/png": ("png", base64.b64decode), "image/svg+xml": ("svg", str.encode)}
@@ -78,27 +79,38 @@ def run_one(src: Path, parameters: dict[str, Any], out_root: Path, *, progress: 
             cache: Cache | None = None) -> Path:
     """Execute ``src`` with ``parameters`` into ``out_root/<notebook>/<slug>/``; return the executed notebook.
 
-    Parameters that fail :func:`~attn_utils.book.build.preflight` are refused before anything is written.
-    The folder's ``status.json`` says ``running``, then ``ok`` (with the seconds, and whether the outputs came from
+    Parameters that fail :func:`~attn_utils.book.build.preflight` are refused before anything is written, and so
+    is a run whose folder another process is writing (:func:`~attn_utils.book.build.hold_lock`).
+    The folder's ``status.json`` says ``running`` (with this process's pid and host: a reader finds ``interrupted``
+    once that process is gone, :func:`read_status`), then ``interrupted`` on Ctrl-C, ``ok`` (with the seconds, and
+    whether the outputs came from
     the execution cache: :func:`~attn_utils.book.build.run_notebook`, unless ``reuse`` is False) or ``failed``
     (with the error); a failed run keeps its executed notebook, traceback included. A re-run replaces the folder.
     """
     (checked,) = preflight([(src, parameters)])
     folder = run_folder(src, parameters, out_root)
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    (folder / "params.json").write_text(json.dumps(parameters, indent=1, default=str))
-    _write_status(folder, status="running")
-    out = folder / f"{src.stem}.ipynb"
-    try:
-        execution = run_notebook(src, out, checked, run_dir=folder, cache=cache or Cache(), reuse=reuse,
-                                 progress=progress)
-        extract_figures(out, folder / "figures")
-    except BaseException as exc:
-        _write_status(folder, status="failed", error=str(exc) or type(exc).__name__)
-        raise
-    print(f"{src.name} {execution}", flush=True)
-    _write_status(folder, status="ok", **asdict(execution))
+    with hold_lock(folder, "run"):
+        before = read_status(folder)
+        if before["status"] == "interrupted":
+            print(f"{folder}: the previous run was interrupted ({before.get('error', 'its process is gone')}); "
+                  "running it again", flush=True)
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        (folder / "params.json").write_text(json.dumps(parameters, indent=1, default=str))
+        _write_status(folder, status="running", pid=os.getpid(), host=socket.gethostname())
+        out = folder / f"{src.stem}.ipynb"
+        try:
+            execution = run_notebook(src, out, checked, run_dir=folder, cache=cache or Cache(), reuse=reuse,
+                                     progress=progress)
+            extract_figures(out, folder / "figures")
+        except KeyboardInterrupt:
+            _write_status(folder, status="interrupted", error="interrupted (Ctrl-C or SIGTERM)")
+            raise
+        except BaseException as exc:
+            _write_status(folder, status="failed", error=str(exc) or type(exc).__name__)
+            raise
+        print(f"{src.name} {execution}", flush=True)
+        _write_status(folder, status="ok", **asdict(execution))
     return out
 
 
@@ -111,9 +123,21 @@ def _write_status(folder: Path, **status: Any) -> None:
     (folder / "status.json").write_text(json.dumps(status, indent=1))
 
 
-def _status(folder: Path) -> dict[str, Any]:
+def read_status(folder: Path) -> dict[str, Any]:
+    """The ``status.json`` of a run folder (``not run`` without one); a run that says ``running`` but whose process
+    is gone from this host (killed: kill -9, a crash, a reboot) is ``interrupted``."""
     path = folder / "status.json"
-    return json.loads(path.read_text()) if path.is_file() else {"status": "not run"}
+    try:
+        status = json.loads(path.read_text()) if path.is_file() else {"status": "not run"}
+    except (OSError, ValueError):
+        return {"status": "failed", "error": f"{path} cannot be read"}
+    if not isinstance(status, dict):
+        return {"status": "failed", "error": f"{path} holds no status"}
+    if status.get("status") == "running" and status.get("host") == socket.gethostname() \
+            and isinstance(status.get("pid"), int) and not psutil.pid_exists(status["pid"]):
+        return {**status, "status": "interrupted", "error": f"its process {status['pid']} is gone"}
+    return status
+
 
 
 # --- the task, on a worker --------------------------------------------------------------------------------------
@@ -156,16 +180,6 @@ def _worker_name() -> str:
 
 # --- the sweep, on the client -----------------------------------------------------------------------------------
 
-def combinations(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
-    """Every combination of the values of ``grid`` (names in sorted order, values in the order given); a name with no
-    value (``-p L ''``, ``-p L ,``) is a ``ValueError`` naming it."""
-    empty = sorted(n for n, values in grid.items() if not values)
-    if empty:
-        raise ValueError(f"-p {empty[0]}: no value given; write the values separated by commas, e.g. -p L 256,512")
-    names = sorted(grid)
-    return [dict(zip(names, values)) for values in itertools.product(*(grid[n] for n in names))]
-
-
 @dataclass(frozen=True)
 class Cluster:
     """Where a sweep's tasks run: a new ``LocalCluster`` of ``workers`` processes on 127.0.0.1 (one thread each;
@@ -207,7 +221,7 @@ def sweep_checked(src: Path, grid_names: list[str], runs: list[tuple[dict[str, A
     """
     combos = [combo for combo, _ in runs]
     folder = Path(out_root) / src.stem
-    todo = [(c, p) for c, p in runs if force or _status(run_folder(src, c, out_root))["status"] != "ok"]
+    todo = [(c, p) for c, p in runs if force or read_status(run_folder(src, c, out_root))["status"] != "ok"]
     if len(todo) < len(combos):
         print(f"{len(combos) - len(todo)} of {len(combos)} combinations already finished (status ok): skipped "
               f"(--force runs them again)", flush=True)
@@ -238,7 +252,7 @@ def sweep_checked(src: Path, grid_names: list[str], runs: list[tuple[dict[str, A
             table.to_csv(folder / "results.csv", index=False)
             index = write_index(src.stem, grid_names, [(p, run_folder(src, p, out_root)) for p in combos], table,
                                 folder)
-    failed = [p for p in combos if _status(run_folder(src, p, out_root))["status"] != "ok"]
+    failed = [p for p in combos if read_status(run_folder(src, p, out_root))["status"] != "ok"]
     if failed:
         raise NotebookFailed(f"{len(failed)} of {len(combos)} runs failed; see {index}")
     return index
@@ -261,13 +275,31 @@ def _client(cluster: Cluster) -> Iterator[Any]:
             yield client
         return
     n = cluster.workers or min(2, _cores())
-    with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as cluster, \
+    with _scratch() as scratch, \
+            LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
+                         dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR,
+                         local_directory=str(scratch / "dask")) as cluster, \
             Client(cluster) as client:
         print(f"local Dask cluster: {n} worker process{'es' * (n > 1)}, one thread each, "
               f"scheduler {cluster.scheduler_address}", flush=True)
         _say_dashboard(client)
         yield client
+
+
+@contextmanager
+def _scratch() -> Iterator[Path]:
+    """A temporary folder for everything a local cluster leaves on disk: the workers' folders (``dask/``), their
+    temporary files (``$TMPDIR``) and their kernels' connection files (``$JUPYTER_RUNTIME_DIR``), inherited by the
+    worker processes; removed when the sweep ends, also when it is interrupted."""
+    scratch = Path(tempfile.mkdtemp(prefix="attn-companion-sweep-"))
+    env = {"TMPDIR": str(scratch / "tmp"), "JUPYTER_RUNTIME_DIR": str(scratch / "jupyter")}
+    try:
+        for folder in env.values():
+            Path(folder).mkdir()
+        with environment(env):
+            yield scratch
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _cores() -> int:
@@ -349,7 +381,7 @@ def results_table(src: Path, names: list[str], combos: list[dict[str, Any]], out
     rows = []
     for params in combos:
         folder = run_folder(src, params, out_root)
-        status = _status(folder)
+        status = read_status(folder)
         provenance = next(iter(runlog.read("provenance", folder)), {})
         run = {**{n: _cell(params[n]) for n in names}, "run": folder.name}
         about = {"model_used": provenance.get("model"), "status": status["status"],
@@ -387,7 +419,7 @@ def write_index(name: str, names: list[str], runs: list[tuple[dict[str, Any], Pa
     from attn_utils.book.figures import VERDICT_COLOURS  # matplotlib and seaborn: only when an index is written
 
     folder.mkdir(parents=True, exist_ok=True)
-    statuses = [_status(run) for _, run in runs]
+    statuses = [read_status(run) for _, run in runs]
     ok = sum(s["status"] == "ok" for s in statuses)
     parts = [f"<!doctype html><meta charset='utf-8'><title>Sweep of {html.escape(name)}</title>", STYLE,
              f"<h1>Sweep of {html.escape(name)}</h1>",

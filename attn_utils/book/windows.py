@@ -30,10 +30,7 @@ import pandas as pd
 from attn_utils.book import build, claims, runlog, sweep
 from attn_utils.book.formatting import is_number
 from attn_utils.book.params import SHORT_SYNTHETIC
-
-DEFAULT_K = 8
-MODEL_CHAPTERS = ("ch1_vanishing", "ch2_distance", "ch3_separability", "ch4_gradient")
-OPTIONAL_CHAPTERS = ("ch6_beyond",)
+from attn_utils.book.sources import DEFAULT_K, MODEL_CHAPTERS, OPTIONAL_CHAPTERS  # noqa: F401 (windows' own)
 SET_HERE = ("chapters", "offset")  # each window's own values, never given with -p
 RESULT = "windows.json"
 
@@ -209,9 +206,16 @@ def load(path: str | Path) -> dict[str, Any]:
     need = {"K", "windows", "claims"}
     if not isinstance(result, dict) or not need <= set(result):
         raise ValueError(f"--windows {path}: not a result of `attn-companion windows` (it needs {sorted(need)})")
-    for c in result["claims"]:
-        if not {"key", "verdicts", "stable", "seen", "headline", "values"} <= set(c) \
-                or len(c["verdicts"]) != result["K"]:
+    k, found = result["K"], result["claims"]
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1 or not isinstance(found, list) \
+            or not isinstance(result["windows"], list):
+        raise ValueError(f"--windows {path}: not a result of `attn-companion windows` (K must be an integer >= 1, "
+                         f"windows and claims lists; got K = {k!r}, {type(result['windows']).__name__} windows and "
+                         f"{type(found).__name__} claims)")
+    for c in found:
+        if not isinstance(c, dict) or not {"key", "verdicts", "stable", "seen", "headline", "values"} <= set(c) \
+                or not isinstance(c["verdicts"], list) or len(c["verdicts"]) != k:
+            c = c if isinstance(c, dict) else {}
             raise ValueError(f"--windows {path}: claim {c.get('key')!r} lacks its verdicts in {result['K']} windows, "
                              "stable, seen, headline or values")
     return result

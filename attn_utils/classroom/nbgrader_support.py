@@ -57,6 +57,7 @@ from traitlets import Bool, Integer, List, Unicode
 from attn_utils.book import runlog
 from attn_utils.book.build import environment
 from attn_utils.classroom import hidden
+from attn_utils.classroom.limits import MAX_TIME_LIMIT, check_time_limit
 from attn_utils.classroom.sandbox import Sandbox, probe
 
 __all__ = ["CONFIG_FILE", "COURSE_ID", "GuardedExecute", "MARKER", "METADATA_KEY", "MAX_TIME_LIMIT", "ReleasedCells",
@@ -67,15 +68,7 @@ CONFIG_FILE = "nbgrader_config.py"
 COURSE_ID = "attn-companion"
 MARKER = "# attn-companion course:"  # the first line of the config that `attn-companion student` writes
 METADATA_KEY = "attn_companion"     # notebook metadata: the chapter, its exercises, the parameters
-MAX_TIME_LIMIT = 86_400             # seconds a cell may run at most (a day)
 INPUTS_FILE = "hidden-inputs.json"  # in the kernel's folder: the inputs of the hidden tests
-
-
-def check_time_limit(value: Any) -> float:
-    """``value`` as the seconds one cell may run, or ValueError naming the allowed range."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_TIME_LIMIT:
-        raise ValueError(f"time_limit must be a number of seconds in (0, {MAX_TIME_LIMIT}], got {value!r}")
-    return float(value)
 
 
 def _error(ename: str, evalue: str) -> NotebookNode:

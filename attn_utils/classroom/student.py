@@ -40,11 +40,11 @@ from attn_utils.book.params import validate
 from attn_utils.classroom import nbgrader_support as support
 from attn_utils.classroom.exercises import EXERCISES, exercise_notebooks, exercises_of
 from attn_utils.classroom.hidden import hidden_block, test_id
+from attn_utils.classroom.limits import DEFAULT_TIME_LIMIT
 
 __all__ = ["course_notebook", "per_notebook", "write_course"]
 
 SOLUTION_TAG, CHECK_TAG = "solution", "exercise-check"
-DEFAULT_TIME_LIMIT = 300.0          # seconds per cell
 
 # Imports a notebook of exercises only keeps from its chapter: cheap ones (no model, no plotting).
 LIGHT_MODULES = ("math", "random", "itertools", "functools", "collections", "numpy", "torch", "attn_utils.mathematics")

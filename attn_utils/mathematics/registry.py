@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attn_utils import normalizer_names
 from attn_utils.mathematics import normalizers
 
 __all__ = ["COMPARED", "KINDS", "RECORDS", "REGISTRY", "Jacobian", "NormBound", "Normalizer", "Parts", "get", "normalize"]
@@ -248,8 +249,12 @@ RECORDS: tuple[Normalizer, ...] = (
     Normalizer("general", "general Eq. (3)", normalizers.general, "distribution", ("F", "theta")),
 )
 REGISTRY: dict[str, Normalizer] = {r.name: r for r in RECORDS}
-#: The normalizers the book compares (every record with an envelope and a Jacobian).
+#: The normalizers the book compares: every record with an envelope and a Jacobian, in the order of
+#: :data:`attn_utils.normalizer_names.COMPARED` (their names where the command line reads them without torch).
 COMPARED: tuple[str, ...] = tuple(r.name for r in RECORDS if r.envelope and r.jacobian)
+if COMPARED != normalizer_names.COMPARED:
+    raise ImportError(f"attn_utils/normalizer_names.py lists {normalizer_names.COMPARED}, but the records with an "
+                      f"envelope and a Jacobian are {COMPARED}: make them agree")
 
 
 def get(name: str) -> Normalizer:

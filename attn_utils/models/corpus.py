@@ -146,6 +146,9 @@ def split_chapters(text: str) -> list[tuple[str, str]]:
     return chapters
 
 
+HEAD_BYTES = 2**20  # the start of a text file checked for NUL bytes before the whole file is read
+
+
 def _decode(raw: bytes, path: Path) -> str:
     """Text of a file's bytes, BOM removed and newlines normalised."""
     try:
@@ -171,6 +174,9 @@ def load_text(path: str | os.PathLike | None = None, chapters: tuple[int, int] |
         source = Path(path).expanduser()
         if not source.is_file():
             raise FileNotFoundError(f"text file {source} does not exist")
+        with source.open("rb") as f:  # a binary file (a sparse one of 2 GB) is refused before it is read whole
+            if b"\x00" in f.read(HEAD_BYTES):
+                raise ValueError(f"{source} holds NUL bytes, so it is not a text file; pass a UTF-8 text file")
         raw = source.read_bytes()
     sha = hashlib.sha256(raw).hexdigest()
     body = strip_gutenberg(_decode(raw, source))

@@ -68,7 +68,7 @@ def test_parse_and_split_values():
 @pytest.mark.parametrize("name, value, fragment", [
     ("L", 1, "parameter L must be an integer >= 2"),
     ("N", 0, "parameter N must be an integer >= 1"),
-    ("Ts", [1.0, -2.0], "parameter Ts must be a non-empty list of numbers > 0"),
+    ("Ts", [1.0, -2.0], "parameter Ts must be a non-empty list of numbers in [1e-06, 1e+06]"),
     ("ks_alpha", 1.5, "parameter ks_alpha must be a number in (0, 1)"),
     ("lengths", [64, 32], "increasing"),
     ("corpus", "/no/such/file.txt", "parameter corpus"),

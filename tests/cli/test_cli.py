@@ -43,6 +43,17 @@ def sleepy_book(tmp_path):
     return root
 
 
+@pytest.fixture
+def busy_cores():
+    """Two processes that keep two cores busy while the test runs (killed after): the interruption must not
+    depend on timing."""
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    yield
+    for burner in burners:
+        burner.kill()
+        burner.wait()
+
+
 def _running(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -53,7 +64,8 @@ def _running(pid: int) -> bool:
 @pytest.mark.slow
 @pytest.mark.parametrize("signum, group", [(signal.SIGINT, True), (signal.SIGTERM, False)],
                          ids=["ctrl-c", "sigterm"])
-def test_interrupted_book_ends_with_one_line_and_keeps_the_previous_book(sleepy_book, tmp_path, signum, group):
+def test_interrupted_book_ends_with_one_line_and_keeps_the_previous_book(sleepy_book, tmp_path, signum, group,
+                                                                         busy_cores):
     out = tmp_path / "_build" / "html"
     out.mkdir(parents=True)
     (out / "index.html").write_text("the previous book")
