@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from attn_utils import cli
 from attn_utils.book import build, params, sources, sweep, windows
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "transformers", "papermill", "jupytext", "nbformat", "pandas", "distributed")
 
 # runs the CLI with argv[1:], then prints which heavy modules it imported
