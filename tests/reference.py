@@ -12,7 +12,6 @@ import math
 import mpmath
 import numpy as np
 import pandas as pd
-import torch
 from scipy.stats import ks_2samp
 
 

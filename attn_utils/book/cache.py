@@ -29,7 +29,6 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import jupytext
 import nbformat

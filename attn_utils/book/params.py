@@ -19,7 +19,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 from attn_utils.normalizer_names import COMPARED as NORMALIZER_NAMES
 
@@ -378,7 +379,7 @@ class Parameters(Mapping):
         return json.dumps({"values": self._values, "given": dict(self.given), "facts": dict(self.facts)})
 
     @classmethod
-    def from_json(cls, text: str) -> "Parameters":
+    def from_json(cls, text: str) -> Parameters:
         data = json.loads(text)
         return cls(data["values"], data["given"], data["facts"])
 

@@ -8,7 +8,7 @@ logits, ``(layers, heads, L, d)`` vectors.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 
@@ -36,7 +36,7 @@ class Session:
     input_ids: torch.Tensor  # (L,)
 
     @classmethod
-    def open(cls, p: Parameters | None = None, /, **values) -> "Session":
+    def open(cls, p: Parameters | None = None, /, **values) -> Session:
         """Open the model and window of the checked parameters ``p`` (``model``, ``corpus``, ``chapters``, ``offset``,
         ``L``, ``seed``, ``device``; from a notebook's :func:`~attn_utils.book.params.checked` or the build's
         preflight), taken as they are. Without ``p``, ``values`` over :data:`OPEN_DEFAULTS` are checked here
@@ -181,7 +181,7 @@ class Session:
         """The longest window the model accepts (its context length, in tokens)."""
         return int(self.provenance.architecture["context_length"])
 
-    def longer(self, length: int) -> "Session":
+    def longer(self, length: int) -> Session:
         """The same model reading a longer window: ``length`` tokens of the same corpus from the same offset.
 
         Causal attention makes the rows t <= L of the longer window exactly those of this session's window, so one
@@ -198,7 +198,7 @@ class Session:
                                              "the tokenization of the corpus is not stable"))
         return longer
 
-    def window(self, length: int) -> "Session":
+    def window(self, length: int) -> Session:
         """The same model reading a window of ``length`` tokens (as the model reads one: its special tokens
         included) from the same offset: on an encoder, whose rows depend on the whole window, one forward pass per
         length. The model and the provenance are shared; the provenance records the window."""

@@ -13,7 +13,8 @@ import functools
 import itertools
 import re
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import yaml
 

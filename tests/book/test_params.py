@@ -180,7 +180,7 @@ def test_bad_model_or_window_stops_before_any_notebook(notebook, tmp_path, capsy
     (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "holds NUL bytes"),  # a binary file: NUL bytes in its head
     (b"caf\xe9 au lait, not UTF-8", "is not UTF-8 text"),
     (b"text\x00with a NUL byte", "holds NUL bytes"),
-    ("Only a few words of text.".encode(),
+    (b"Only a few words of text.",
      "chapter with model 'gpt2-random': parameters offset + L = 0 + 64 = 64 exceed the 7 tokens of the corpus"),
 ])
 def test_bad_corpus_stops_before_any_notebook(notebook, tmp_path, capsys, no_notebook_runs, content, fragment):

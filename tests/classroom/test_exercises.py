@@ -15,7 +15,7 @@ import torch
 from attn_utils.book import build
 from attn_utils.classroom import exercises, hidden
 from attn_utils.mathematics import normalizers
-from helpers import master, solution_cells, solution_prose
+from helpers import master, solution_cells
 
 F64 = torch.float64
 

@@ -32,7 +32,7 @@ class FarthestKeys(NamedTuple):
     indices: tuple[torch.Tensor, ...]
     batch: torch.Size
 
-    def prefix(self, L: int) -> "FarthestKeys":
+    def prefix(self, L: int) -> FarthestKeys:
         """The lists of the first L keys (L must be one of the levels): the levels up to L."""
         if L not in self.levels:
             raise ValueError(f"L must be one of the levels {self.levels} (see farthest_keys' prefixes), got {L}")
