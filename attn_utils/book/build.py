@@ -194,7 +194,8 @@ def run_notebook(src: Path, out: Path, p: Parameters, *, run_dir: Path, cache: C
         return Execution(entry.seconds, entry.executed_at, True)
     before, executed_at = snapshot(run_dir), now()
     seconds = execute_notebook(src, out, p, run_dir=run_dir, progress=progress)
-    records = {rel: data for rel, data in written(before, run_dir).items() if (run_dir / rel).resolve() != out.resolve()}
+    records = {rel: data for rel, data in written(before, run_dir).items()
+               if (run_dir / rel).resolve() != out.resolve()}
     cache.put(key, out.read_bytes(), records, seconds, executed_at)
     return Execution(seconds, executed_at, False)
 
@@ -316,8 +317,9 @@ def build_book(parameters: dict[str, Any] | None = None, *, root: Path = ROOT, o
         (staging / "_status.md").write_text(status_markdown(executions))
         runlog.write("status", "executions", {nb: asdict(e) for nb, e in executions.items()}, folder=run_dir)
         print("building the HTML with Jupyter Book", flush=True)
-        build = subprocess.run([sys.executable, "-c", "from jupyter_book.cli.main import main; main()", "build", str(staging), "-W", "--keep-going",
-                                "--path-output", str(staging)], capture_output=True, text=True)
+        build = subprocess.run([sys.executable, "-c", "from jupyter_book.cli.main import main; main()",
+                                "build", str(staging), "-W", "--keep-going", "--path-output", str(staging)],
+                               capture_output=True, text=True)
         if build.returncode != 0:
             tail = (build.stdout + build.stderr)[-4000:]
             raise RuntimeError(f"jupyter-book build failed (the previous book is kept):\n{tail}")

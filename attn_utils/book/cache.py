@@ -178,7 +178,8 @@ class Cache:
                 (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
                 (tmp / rel).write_bytes(data)
             (tmp / ENTRY).write_text(json.dumps({
-                "key": key, "executed_at": executed_at, "seconds": seconds, "files": {rel: _sha256(data) for rel, data in files.items()}}, indent=1))
+                "key": key, "executed_at": executed_at, "seconds": seconds,
+                "files": {rel: _sha256(data) for rel, data in files.items()}}, indent=1))
             shutil.rmtree(self.root / key, ignore_errors=True)  # a damaged entry of the same key
             try:
                 os.rename(tmp, self.root / key)

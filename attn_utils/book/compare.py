@@ -73,7 +73,7 @@ def claims_table(rows: dict[str, dict[str, dict]], models: tuple[str, ...]) -> s
     """An HTML table: one row per claim, per model its verdict and what was measured."""
     head = "".join(f"<th>{html.escape(h)}</th>" for h in ("claim", *models))
     body = []
-    for key, per in rows.items():
+    for per in rows.values():
         claim = next(iter(per.values()))["claim"]
         cells = [f"<td>{html.escape(claim)}</td>"]
         for m in models:

@@ -415,8 +415,8 @@ def resolve_on(model: str, values: Mapping[str, Any], *, cache: dict | None = No
     to that model's context where it exceeds it (an encoder of 512 positions reads 512 tokens where the book's pages
     read 1024), and the rules derive the rest from that (the lengths above L dropped...). The first model keeps the
     given L, which must fit its context. With ``notebook``, a run of the build on another model: its synthetic checks
-    run at most at :data:`SHORT_SYNTHETIC` (they are shown, and recorded, by the page's run) and the fact ``variant`` says
-    so (the notebook then records no synthetic claim)."""
+    run at most at :data:`SHORT_SYNTHETIC` (they are shown, and recorded, by the page's run) and the fact ``variant``
+    says so (the notebook then records no synthetic claim)."""
     values = {**values, "model": model}
     for name, short in SHORT_SYNTHETIC.get(notebook or "", {}).items():
         if name in values and _is_int(values[name]):

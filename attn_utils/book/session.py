@@ -1,9 +1,9 @@
 """What every model experiment of the book starts from: a model, a window of the corpus, a provenance record.
 
-``Session.open(p)`` (``p``: the checked parameters of a notebook) loads the model (``attn_utils.models.loading``), cuts the window
-(``attn_utils.models.corpus``), starts the provenance clock, and then captures attention layer by layer
-(``attn_utils.models.capture``) in the form the paper's algorithms take: ``(layers, heads, L, L)`` weights and
-logits, ``(layers, heads, L, d)`` vectors.
+``Session.open(p)`` (``p``: the checked parameters of a notebook) loads the model (``attn_utils.models.loading``),
+cuts the window (``attn_utils.models.corpus``), starts the provenance clock, and then captures attention layer by
+layer (``attn_utils.models.capture``) in the form the paper's algorithms take: ``(layers, heads, L, L)`` weights
+and logits, ``(layers, heads, L, d)`` vectors.
 """
 from __future__ import annotations
 
@@ -139,8 +139,8 @@ class Session:
                 "heads": a["n_heads"], "key/value heads": a["n_kv_heads"], "head dim": a["head_dim"],
                 "context": a["context_length"], "pretrained": self.provenance.pretrained,
                 "attention": "causal" if a["causal"] else "bidirectional (an encoder)",
-                "window": f"tokens {self.provenance.window_offsets[0]}..{self.provenance.window_offsets[0] + self.L - 1}"
-                          f" of {self.corpus.name}"}
+                "window": f"tokens {self.provenance.window_offsets[0]}.."
+                          f"{self.provenance.window_offsets[0] + self.L - 1} of {self.corpus.name}"}
 
     def capture(self, *, layers: int | Iterable[int] | None = None, what: Iterable[str] = ("weights",),
                 dtype: torch.dtype = torch.float32, logit_scale: str = "raw") -> AttentionCapture:

@@ -154,7 +154,8 @@ _WORKER_ONLY_ENV = "MALLOC_TRIM_THRESHOLD_"
 
 def execute_task(name: str, source: str, parameters: Parameters) -> dict[str, Any]:
     """The Dask task of one combination: execute the notebook ``source`` (the text of the ``py:percent`` file
-    ``name``) with the checked ``parameters`` (of the client's preflight) in a temporary folder of this worker, and return its run folder as data:
+    ``name``) with the checked ``parameters`` (of the client's preflight) in a temporary folder of this worker, and
+    return its run folder as data:
     ``{"files": {relative path: bytes}, "status": {"status": "ok" | "failed", "seconds", "error", "worker"}}``.
     The files are the executed notebook and the run records the kernel wrote (``claims/``, ``timings/``,
     ``provenance/``); a notebook that raises is a ``failed`` status, not an exception."""
@@ -215,10 +216,11 @@ def sweep_checked(src: Path, grid_names: list[str], runs: list[tuple[dict[str, A
                   cache: Cache | None = None) -> Path:
     """:func:`sweep` of ``runs``, pairs of a combination of the grid ``grid_names`` and its checked parameters. A
     combination whose execution the cache holds (and ``reuse``) is restored from it, not submitted; what the
-    cluster executes is stored in the cache. Each result is written to ``out_root/<notebook>/<slug>/`` as it arrives; a failing combination is recorded there
-    (``status.json``: failed and the error) and does not stop the others. ``out_root/<notebook>/`` then gets
-    ``results.parquet``, ``results.csv`` (:func:`results_table`), ``index.html`` and ``index.json``, also when the
-    sweep is interrupted. Raises :class:`~attn_utils.book.build.NotebookFailed` at the end if a combination failed.
+    cluster executes is stored in the cache. Each result is written to ``out_root/<notebook>/<slug>/`` as it
+    arrives; a failing combination is recorded there (``status.json``: failed and the error) and does not stop the
+    others. ``out_root/<notebook>/`` then gets ``results.parquet``, ``results.csv`` (:func:`results_table`),
+    ``index.html`` and ``index.json``, also when the sweep is interrupted. Raises
+    :class:`~attn_utils.book.build.NotebookFailed` at the end if a combination failed.
     """
     combos = [combo for combo, _ in runs]
     folder = Path(out_root) / src.stem

@@ -173,7 +173,8 @@ def run_windows(k: int = DEFAULT_K, out: Path = Path("runs/windows"), *, noteboo
             w = window_of[tuple(combo["chapters"])]
             folder = sweep.run_folder(sources[nb], combo, out)
             status = json.loads((folder / "status.json").read_text()) if (folder / "status.json").is_file() else {}
-            runs[nb].append({"chapter": starts[w], "model": combo.get("model"), "run": folder.relative_to(out).as_posix(),
+            runs[nb].append({"chapter": starts[w], "model": combo.get("model"),
+                             "run": folder.relative_to(out).as_posix(),
                              "status": status.get("status", "not run"), "seconds": status.get("seconds")})
             if status.get("status") == "ok":
                 records[w] += runlog.read("claims", folder)

@@ -107,7 +107,8 @@ def _array(value) -> dict:
     import torch
 
     t = torch.as_tensor(value, dtype=torch.float64).detach().cpu()
-    return {"shape": list(t.shape), "float64": base64.b64encode(np.ascontiguousarray(t.numpy(), "<f8").tobytes()).decode()}
+    data = np.ascontiguousarray(t.numpy(), "<f8").tobytes()
+    return {"shape": list(t.shape), "float64": base64.b64encode(data).decode()}
 
 
 def _indices(value, length: int) -> list[int]:

@@ -190,7 +190,8 @@ class GuardedExecute(Execute):
                                                           "or out of memory); the cells after it did not run"))
             resources = self.resources
         except CellTimeoutError:
-            self._stopped = f"the kernel was killed at the time limit in an earlier cell (cell {index + 1} of the notebook)"
+            self._stopped = (f"the kernel was killed at the time limit in an earlier cell "
+                             f"(cell {index + 1} of the notebook)")
             self._kill_kernel()
             cell.outputs.append(_error("CellTimeoutError", f"this cell ran past the time limit ({self.timeout} s) "
                                                            f"and did not stop when interrupted: the kernel was "
@@ -216,7 +217,8 @@ class GuardedExecute(Execute):
             if kind == "display_data" and cell_index in self._inputs:
                 self._answers[cell_index] = data[hidden.MIME]
             return None
-        if kind not in ("stream", "display_data", "execute_result", "update_display_data") or self.max_output_chars <= 0:
+        if (kind not in ("stream", "display_data", "execute_result", "update_display_data")
+                or self.max_output_chars <= 0):
             return super().output(outs, msg, display_id, cell_index)
         content = msg["content"]
         text = content.get("text", "") if kind == "stream" else ""

@@ -266,7 +266,8 @@ def course_notebook(src: Path, parameters: Mapping[str, Any] | None = None,
     if exercises_only:
         title = next((line for c in cells if c.cell_type == "markdown" for line in c.source.splitlines()
                       if line.startswith("# ")), f"# {stem}")
-        imports = list(dict.fromkeys(i for c in cells[:start] if c.cell_type == "code" for i in _light_imports(c.source)))
+        imports = list(dict.fromkeys(i for c in cells[:start] if c.cell_type == "code"
+                                     for i in _light_imports(c.source)))
         solutions = "\n".join(c.source for c in cells if SOLUTION_TAG in c.metadata.get("tags", []))
         missing = sorted(_free_names(solutions) - _bound_names(imports))
         if missing:

@@ -564,7 +564,8 @@ def gradient_sensitivity(logits, Ts, epsilons=(1e-3, 1e-1, 10), mask=None, seed:
     heads = _concat(frames, ["T", "eps"])
     summary = heads.groupby(["T", "eps"], sort=True, as_index=False)["g"].max()
     summary["corollary3_bound"] = [theory.corollary3_bound(T) for T in summary["T"]]
-    summary["finite_difference_bound"] = [theory.finite_difference_bound(T, e) for T, e in zip(summary["T"], summary["eps"])]
+    summary["finite_difference_bound"] = [theory.finite_difference_bound(T, e)
+                                          for T, e in zip(summary["T"], summary["eps"])]
     return GradientSensitivity(heads, summary)
 
 

@@ -150,7 +150,8 @@ def expected_distance_mc(weights, x, N: int, mask=None, n_samples: int = 256, ge
     xs, c = unit_scale(rows.x)
     total = w.new_zeros(w.shape[:-1])
     for _ in range(n_samples):  # drawn where the generator draws (the CPU: the same on every device)
-        scores = torch.rand(w.shape, generator=generator, dtype=torch.float64, device=kernels.draw_device(generator)).to(w.device)
+        scores = torch.rand(w.shape, generator=generator, dtype=torch.float64,
+                            device=kernels.draw_device(generator)).to(w.device)
         scores.masked_fill_(~visible, -1.0)
         subset = torch.zeros_like(visible).scatter_(-1, torch.topk(scores, N, dim=-1).indices, True)
         total += _cumulative_distance(w, xs, subset & visible, visible, reading)

@@ -24,7 +24,8 @@ import torch
 from attn_utils import normalizer_names
 from attn_utils.mathematics import normalizers
 
-__all__ = ["COMPARED", "KINDS", "RECORDS", "REGISTRY", "Jacobian", "NormBound", "Normalizer", "Parts", "get", "normalize"]
+__all__ = ["COMPARED", "KINDS", "RECORDS", "REGISTRY", "Jacobian", "NormBound", "Normalizer", "Parts", "get",
+           "normalize"]
 
 KINDS = ("distribution", "sub-distribution", "signed")
 

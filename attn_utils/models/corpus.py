@@ -51,8 +51,8 @@ def sha256_file(path: str | os.PathLike) -> str:
 
 
 def _repair_hint() -> str:
-    return (f"restore the shipped copy (`git checkout -- attn_utils/models/data/{WAR_AND_PEACE_DATA.name}` in a clone, or "
-            "reinstall the package), or download it again with `attn-companion corpus --refresh`")
+    return (f"restore the shipped copy (`git checkout -- attn_utils/models/data/{WAR_AND_PEACE_DATA.name}` "
+            "in a clone, or reinstall the package), or download it again with `attn-companion corpus --refresh`")
 
 
 def war_and_peace_bytes(path: Path | None = None) -> bytes:
@@ -87,7 +87,8 @@ def refresh_war_and_peace(url: str = WAR_AND_PEACE_URL, dest: Path | None = None
     if found != WAR_AND_PEACE_SHA256:
         raise ValueError(f"{url} served a file with sha256 {found}, not the pinned {WAR_AND_PEACE_SHA256}; the shipped "
                          "copy is kept. If Project Gutenberg has published a new edition, pinning it is a deliberate "
-                         "change (WAR_AND_PEACE_SHA256 in attn_utils/models/corpus.py): every number of the book may move.")
+                         "change (WAR_AND_PEACE_SHA256 in attn_utils/models/corpus.py): "
+                         "every number of the book may move.")
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=dest.parent, suffix=".part")
     try:

@@ -266,7 +266,8 @@ def hub_snapshot(repo: str) -> Path | None:
 
 
 def _hub_info(repo: str):
-    """The hub's record of ``repo`` (asked within ``HUB_TIMEOUT_S``); ``ModelUnavailable`` saying why if there is none."""
+    """The hub's record of ``repo`` (asked within ``HUB_TIMEOUT_S``); ``ModelUnavailable`` saying why if there is
+    none."""
     from huggingface_hub import HfApi
     from huggingface_hub.errors import RepositoryNotFoundError
 

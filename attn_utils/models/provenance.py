@@ -182,7 +182,8 @@ def _lock_line(lock: dict) -> str:
         return "; ".join(lock.get("differ", [])) or "no lock file"
     differ = lock["differ"]
     match = (f"all {lock['pins']} pins installed" if not differ else
-             f"{len(differ)} of {lock['pins']} pins differ: {', '.join(differ[:5])}{', ...' if len(differ) > 5 else ''}")
+             f"{len(differ)} of {lock['pins']} pins differ: "
+             f"{', '.join(differ[:5])}{', ...' if len(differ) > 5 else ''}")
     return f"{lock['file']} sha256 {_short(lock['sha256'])} ({match})"
 
 

@@ -168,7 +168,8 @@ def test_pages_render_in_a_browser(built_book):
             local = ABSOLUTE_PATH.findall(text)
             assert not local, f"{page.name}: a path of the machine that built the book: {local[:3]}"
             for image in driver.execute_script(IMAGES):
-                assert image["caption"].startswith("Figure "), f"{page.name}: an image without a numbered caption: {image}"
+                assert image["caption"].startswith("Figure "), \
+                    f"{page.name}: an image without a numbered caption: {image}"
                 alt = image["alt"]
                 assert len(alt.split()) >= 6 and not IMAGE_PATH.search(alt), \
                     f"{page.name}: the alt text of {image['src']} does not describe the figure: {alt!r}"
@@ -225,7 +226,8 @@ def test_pages_fit_a_phone_screen(built_book, tmp_path):
 
 
 def _pages(html: Path) -> list[Path]:
-    return sorted(p for p in html.rglob("*.html") if p.parent.name in ("notebooks", "book") and not p.name.startswith("_"))
+    return sorted(p for p in html.rglob("*.html")
+                  if p.parent.name in ("notebooks", "book") and not p.name.startswith("_"))
 
 
 NETWORK_SCRIPT = re.compile(r"<script[^>]+src=[\"'](?:https?:)?//", re.I)

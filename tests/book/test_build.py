@@ -52,7 +52,8 @@ def tiny_book(tmp_path):
     (root / "notebooks").mkdir()
     shutil.copy(ROOT / "_config.yml", root / "_config.yml")
     shutil.copy(ROOT / "book" / "references.bib", root / "book" / "references.bib")
-    (root / "book" / "intro.md").write_text("# Intro\n\nHello {cite}`vaswani2017attention`.\n\n```{bibliography}\n```\n")
+    (root / "book" / "intro.md").write_text("# Intro\n\nHello {cite}`vaswani2017attention`.\n\n"
+                                            "```{bibliography}\n```\n")
     (root / "_toc.yml").write_text("format: jb-book\nroot: book/intro\nchapters:\n  - file: notebooks/tiny\n")
     (root / "notebooks" / "tiny.py").write_text(NOTEBOOK)
     return root

@@ -37,7 +37,8 @@ def test_formatted_reals_keep_their_value_to_the_digits_shown(x):
 
 @pytest.mark.parametrize("expression, values, expected", [
     ("x <= 1.25", {"x": 1.2}, True), ("-1.2 <= slope <= -0.8", {"slope": -1.0}, True),
-    ("-1.2 <= slope <= -0.8", {"slope": -0.5}, False), ("violations == 0 and err < 1e-10", {"violations": 0, "err": 0.0}, True),
+    ("-1.2 <= slope <= -0.8", {"slope": -0.5}, False),
+    ("violations == 0 and err < 1e-10", {"violations": 0, "err": 0.0}, True),
     ("min(ratios) >= 10 ** 1.5", {"ratios": [40.0, 50.0]}, True), ("not ok or n > 2", {"ok": True, "n": 3}, True),
     ("all(flags)", {"flags": [True, False]}, False), ("abs(a - b) < 0.1", {"a": np.float64(1.0), "b": 1.05}, True),
     ("isnan(slope)", {"slope": float("nan")}, True), ("name in ['a', 'b']", {"name": "a"}, True),
@@ -67,7 +68,8 @@ def test_a_rule_decides_in_order_and_states_itself():
 
 @pytest.mark.parametrize("lines, message", [
     (["holds if x == 0"], "ends with 'otherwise"), (["holds x == 0", "otherwise fails"], "VERDICT if CONDITION"),
-    (["great if x == 0", "otherwise fails"], "unknown verdict 'great'"), (["holds if x ==", "otherwise fails"], "not an expression"),
+    (["great if x == 0", "otherwise fails"], "unknown verdict 'great'"),
+    (["holds if x ==", "otherwise fails"], "not an expression"),
 ])
 def test_malformed_rules_are_refused(lines, message):
     with pytest.raises(ValueError, match=message):
@@ -92,7 +94,8 @@ def test_judge_fills_the_template_and_records_the_rule(tmp_path, monkeypatch):
     row = claims.judge("ch9-collapse", model="smollm2-135m", spread=np.float64(1.2), n=12)
     assert row.verdict == "reproduced" and row.chapter == "ch9_test" and row.note == "a note"
     assert row.ours == "largest ratio 1.2 over 12 temperatures, exact 1.200000"
-    assert row.rule == "reproduced if spread <= 1.25; otherwise not reproduced" and row.values == {"spread": 1.2, "n": 12}
+    assert row.rule == "reproduced if spread <= 1.25; otherwise not reproduced"
+    assert row.values == {"spread": 1.2, "n": 12}
     assert claims.judge("ch9-collapse", model="m", spread=2, n=1).verdict == "not reproduced"
     with pytest.raises(ValueError, match="unknown claim 'ch9-nope'"):
         claims.judge("ch9-nope", model="m")

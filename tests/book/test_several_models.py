@@ -103,7 +103,8 @@ def test_glued_figures_are_found_by_name(tmp_path):
     png = base64.b64encode(b"\x89PNG fake").decode()
     nb.cells = [nbformat.v4.new_code_cell("", outputs=[
         nbformat.v4.new_output("display_data", data={"application/papermill.record/image/png": png},
-                               metadata={"scrapbook": {"name": "fig_a", "mime_prefix": "application/papermill.record/"}}),
+                               metadata={"scrapbook": {"name": "fig_a",
+                                                       "mime_prefix": "application/papermill.record/"}}),
         nbformat.v4.new_output("display_data", data={"image/svg+xml": "<svg/>"},
                                metadata={"scrapbook": {"name": "fig_b", "mime_prefix": ""}})])]
     path = tmp_path / "x.ipynb"

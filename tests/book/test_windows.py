@@ -208,7 +208,8 @@ def test_two_windows_of_ch1_on_a_local_cluster(tmp_path, capsys):
     by_key = {c["key"]: c for c in result["claims"]}
     assert set(by_key) == {k for k, s in claims.specs().items() if s.chapter == "ch1_vanishing"}
     for w, run in enumerate(result["runs"]["ch1_vanishing"]):
-        assert json.loads((out / run["run"] / "params.json").read_text())["chapters"] == result["windows"][w]["chapters"]
+        params = json.loads((out / run["run"] / "params.json").read_text())
+        assert params["chapters"] == result["windows"][w]["chapters"]
         for record in runlog.read("claims", out / run["run"]):
             c = by_key[record["key"]]
             assert c["verdicts"][w] == record["verdict"]

@@ -145,8 +145,8 @@ def test_exercises_only_notebooks_import_no_model(stem):
     assert nbgrader_meta(setup)["locked"]
     for node in ast.parse(setup.source).body:
         module = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
-        assert any(module == m or module.startswith(m + ".") for m in (*student.LIGHT_MODULES, "attn_utils.classroom")), \
-            module
+        assert any(module == m or module.startswith(m + ".")
+                   for m in (*student.LIGHT_MODULES, "attn_utils.classroom")), module
     assert not any("Session" in c.source for c in nb.cells)
     assert sum(1 for c in nb.cells if "-test-" in (grade_id(c) or "")) == \
         sum(len(exercises.EXERCISES[k].parts) for k in exercises.exercises_of(stem))
@@ -338,10 +338,12 @@ def attacks(course: Path, out: Path, pid_file: Path) -> dict[str, dict]:
               "        raise NotImplementedError('no hidden test up the stack')\n"
               "    reference = frame.f_locals['reference']\n"
               "    flat = logits.reshape(-1, logits.shape[-2], logits.shape[-1])\n"
-              "    return torch.tensor([reference(m.tolist(), T) for m in flat], dtype=torch.float64).reshape(logits.shape)\n"
+              "    return torch.tensor([reference(m.tolist(), T) for m in flat], "
+              "dtype=torch.float64).reshape(logits.shape)\n"
               "\nfrom attn_utils.classroom import exercises\nexercises.check = lambda *a, **k: None\n")
     patch = (NAN + "\nimport builtins\nfrom attn_utils.classroom import exercises\n"
-                   "exercises.check = lambda *a, **k: None\nbuiltins.abs = lambda x: 0\nbuiltins.all = lambda it: True\n")
+                   "exercises.check = lambda *a, **k: None\n"
+                   "builtins.abs = lambda x: 0\nbuiltins.all = lambda it: True\n")
 
     def forge(nb):
         """A scratch cell, a graded cell of its own (100 points), and the solution moved after the tests."""
@@ -399,7 +401,8 @@ def write_class(course: Path, folder: Path) -> SimpleNamespace:
         "for ex in exercises.EXERCISES.values():\n    ex.parts.clear()\n"
         "abs = lambda x: 0\nsum = lambda x: 1.0\n")
     fake = WRONG + ("\nimport json, os\n"
-                    "open('results.json', 'w').write(json.dumps({'ch0-ex2': {'score': 1.0, 'feedback': 'all passed'}}))\n"
+                    "open('results.json', 'w').write("
+                    "json.dumps({'ch0-ex2': {'score': 1.0, 'feedback': 'all passed'}}))\n"
                     "os._exit(0)")
     honest = {
         "José Ñ 学生": {"deserves": 0},                                                  # unchanged copy
@@ -464,7 +467,8 @@ def test_a_class_of_abuse_cases_scores_what_each_deserves(graded_class):
     assert "NotRun: the kernel was killed at the time limit" in table["stuck midway"]["feedback"]
     assert "not a notebook" in table["not json"]["feedback"] and "not a notebook" in table["empty"]["feedback"]
     assert table["not json"]["status"] == "rejected"
-    assert "HiddenTestFailed" in table["frames"]["feedback"] or "no hidden test up the stack" in table["frames"]["feedback"]
+    frames = table["frames"]["feedback"]
+    assert "HiddenTestFailed" in frames or "no hidden test up the stack" in frames
     assert "hidden test of part" in table["builtins"]["feedback"]
     assert "'bonus' (graded metadata, 100 points)" in table["forged"]["feedback"]
     assert "not graded: " in c.done.stdout and "notes.txt" in c.done.stdout

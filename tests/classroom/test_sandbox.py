@@ -19,7 +19,8 @@ MARK = "attn-companion-sandbox-test-marker"
 
 PROBE = r"""
 import json, os, socket, sys
-report = {"uid": os.getuid(), "gid": os.getgid(), "cwd": os.getcwd(), "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+report = {"uid": os.getuid(), "gid": os.getgid(), "cwd": os.getcwd(),
+          "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
           "caps": open("/proc/self/status").read().split("CapEff:")[1].split()[0],
           "interfaces": [name for _, name in socket.if_nameindex()], "seen": {}, "writes": {}}
 for path in json.loads(sys.argv[1]):
@@ -102,7 +103,8 @@ def test_nothing_outlives_the_sandbox(jail):
     # the grader killed (kill -9): its launcher notices within a second, and the sandbox ends
     with sandbox.Sandbox(jail, []) as box:
         grader = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\n"
-                                   f"subprocess.Popen({box.command([sys.executable, '-c', 'import time; time.sleep(600)', MARK])!r})\n"
+                                   f"subprocess.Popen("
+                                   f"{box.command([sys.executable, '-c', 'import time; time.sleep(600)', MARK])!r})\n"
                                    "time.sleep(600)"])
         deadline = time.monotonic() + 60
         while not marked() and time.monotonic() < deadline:
@@ -117,9 +119,11 @@ def test_nothing_outlives_the_sandbox(jail):
 
 def test_memory_and_processes_are_limited(jail):
     code = ("import os, time\n"
-            "try:\n    big = bytearray(6 << 30)\n    memory = 'allocated'\nexcept MemoryError:\n    memory = 'refused'\n"
+            "try:\n    big = bytearray(6 << 30)\n    memory = 'allocated'\n"
+            "except MemoryError:\n    memory = 'refused'\n"
             "children = 0\n"
-            "try:\n    for _ in range(2000):\n        if os.fork() == 0:\n            time.sleep(30)\n            os._exit(0)\n"
+            "try:\n    for _ in range(2000):\n        if os.fork() == 0:\n"
+            "            time.sleep(30)\n            os._exit(0)\n"
             "        children += 1\nexcept OSError:\n    pass\n"
             "open('limits.txt', 'w').write(f'{memory} {children}')\n"
             "os.killpg(0, 9)\n")  # its session only: this test survives it

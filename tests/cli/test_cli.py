@@ -20,7 +20,8 @@ from attn_utils.book import build
 ROOT = Path(__file__).resolve().parents[2]
 
 # builds the book of the project folder argv[1] with the CLI arguments argv[2:]
-BOOK_OF = ("import functools, sys; from pathlib import Path; from attn_utils import cli; from attn_utils.book import build; "
+BOOK_OF = ("import functools, sys; from pathlib import Path; "
+           "from attn_utils import cli; from attn_utils.book import build; "
            "build.build_book = functools.partial(build.build_book, root=Path(sys.argv[1])); "
            "sys.exit(cli.main(sys.argv[2:]))")
 

@@ -27,7 +27,8 @@ def same(got: pd.DataFrame, want: pd.DataFrame, columns, rtol=1e-10, atol=1e-12)
     for key in keys:
         np.testing.assert_array_equal(got[key].to_numpy(), want[key].to_numpy())
     for column in columns:
-        np.testing.assert_allclose(got[column].to_numpy(), want[column].to_numpy(), rtol=rtol, atol=atol, err_msg=column)
+        np.testing.assert_allclose(got[column].to_numpy(), want[column].to_numpy(), rtol=rtol, atol=atol,
+                                   err_msg=column)
 
 
 def test_distance_vs_length_matches_reference(data):

@@ -1,4 +1,5 @@
-"""Tests of attn_utils.mathematics.metrics: agreement with the loop reference, precision, conventions, properties, bad input."""
+"""Tests of attn_utils.mathematics.metrics: agreement with the loop reference, precision, conventions, properties,
+bad input."""
 from __future__ import annotations
 
 import math
@@ -264,7 +265,10 @@ def test_distances_are_homogeneous_exactly(case, k):
     w, x, mask, _, N = case
     c = 2.0**k
     selected, _ = metrics.top_n_mask(w, N, mask)
-    mc = lambda v: metrics.expected_distance_mc(w, v, N, mask, n_samples=3, generator=torch.Generator().manual_seed(1))
+
+    def mc(v):
+        return metrics.expected_distance_mc(w, v, N, mask, n_samples=3, generator=torch.Generator().manual_seed(1))
+
     for f in (lambda v: metrics.cumulative_distance(w, v, selected, mask),
               lambda v: metrics.cumulative_distance(w, v, selected, mask, reading="norm_of_sum"),
               lambda v: metrics.separability(w, v, N, mask, normalize=False)[1],

@@ -208,7 +208,8 @@ def test_count_tokens_is_the_count_of_the_whole_text_up_to_the_prefix(tokenizer,
     ids = tokenizer(c.text, add_special_tokens=False, verbose=False)["input_ids"]
     prefix = prefix_ids(c.text, tokenizer, needed)
     assert prefix[:needed] == ids[:needed]
-    assert count_tokens(c.text, tokenizer, needed) == (len(ids) if len(ids) < needed else len(prefix)) >= min(needed, len(ids))
+    assert count_tokens(c.text, tokenizer, needed) == (len(ids) if len(ids) < needed else len(prefix)) \
+        >= min(needed, len(ids))
 
 
 def test_corpus_record_is_immutable():

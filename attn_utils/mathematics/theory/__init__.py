@@ -4,9 +4,9 @@ Every result of arXiv 2508.17821 ("Limitations of Normalization in Attention Mec
 book checks is computed here: :mod:`.lemma1` (Lemma 1, Corollary 1), :mod:`.theorem1_fixed` (Theorem 1 for
 a fixed top-N set), :mod:`.theorem1_random` (Theorem 1 for a random set, Corollary 2), :mod:`.theorem2`
 (Theorem 2), :mod:`.lemma2` (Lemma 2, Corollary 3, the example of Sec. 2.3) and :mod:`.coverage` (multi-head
-coverage); this package re-exports their public names. The available copies of the paper lost most display formulas (the book's page
-"Sources and reconstructions", ``book/sources.md``, says statement by statement what survived), so each
-docstring says where a formula comes from:
+coverage); this package re-exports their public names. The available copies of the paper lost most display
+formulas (the book's page "Sources and reconstructions", ``book/sources.md``, says statement by statement what
+survived), so each docstring says where a formula comes from:
 
 * **Paper's statement (recovered)**: the formula survived in the paper's text or a public summary of it.
 * **Reconstruction (ours)**: we rebuilt the formula from the paper's prose and proof sketch; the proof
