@@ -355,7 +355,7 @@ table(vanishing.last_rows(check.rows).reset_index())
 
 # %% tags=["remove-cell"]
 f3 = vanishing.model_facts(check, captured)
-model_claim = claims.record("ch1-corollary1-model", model=session.name, violations=f3["m_violations"],
+model_claim = claims.record("ch1-corollary1-model", model=session.name, causal=session.causal, violations=f3["m_violations"],
                             weights=f3["m_weights"], layers=captured.weights.shape[0],
                             heads=captured.weights.shape[1], L=f3["m_L"], tight_upper=f3["m_tight_up"],
                             tight_lower=f3["m_tight_lo"])
@@ -422,7 +422,7 @@ table(binned.iloc[np.unique(np.geomspace(1, len(binned), 8).astype(int)) - 1].re
 
 # %% tags=["remove-cell"]
 f4 = vanishing.decay_facts(check.rows, binned)
-vanish_claim = claims.record("ch1-vanishing-model", model=session.name, slope=f4["m_slope_nosink"],
+vanish_claim = claims.record("ch1-vanishing-model", model=session.name, causal=session.causal, slope=f4["m_slope_nosink"],
                              slope_with_token0=f4["m_slope_max"], heads=f3["m_n_heads"], t_min=f4["m_tmin"],
                              L=f3["m_L"])
 _ = glue_values({**f4, "m_vanish_verdict": vanish_claim.verdict, "m_vanish_reading": vanishing.READING[vanish_claim.verdict],

@@ -621,7 +621,7 @@ figures.glue_figure("fig_ch2_figure2c", distance.figure2_c_figure(fig2, alpha=ks
 # %% tags=["remove-cell"]
 facts = distance.figure2_facts(fig2, N=N, alpha=ks_alpha, reading=distance_reading)
 f, r, L_win = facts, row_check, captured["m_L"]
-record = functools.partial(claims.record, model=session.name)
+record = functools.partial(claims.record, model=session.name, causal=session.causal)
 recorded = {c.key: c for c in [
     record("ch2-thm1-fixed-model", Ns=sorted({N, *p.Ns}), **r),
     record("ch2-fig2a-distance-linear", N=N, slope=f["m_slope_d"], lengths=p.lengths),

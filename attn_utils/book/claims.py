@@ -142,6 +142,7 @@ class ClaimSpec:
     rule: Rule
     note: str = ""
     headline: bool = False    # one of the paper's headline claims, shown on the book's first page
+    causal_only: str = ""     # why the claim is not comparable on an encoder (its measurement reads causal rows)
 
 
 @functools.cache
@@ -152,13 +153,14 @@ def specs(folder: Path = LEDGER_DIR) -> dict[str, ClaimSpec]:
         for key, entry in (yaml.safe_load(path.read_text()) or {}).items():
             if key in found:
                 raise ValueError(f"claim {key!r} is stated twice ({path.name} and {found[key].chapter}.yml)")
-            unknown = set(entry) - {"claim", "paper", "ours", "rule", "note", "headline"}
+            unknown = set(entry) - {"claim", "paper", "ours", "rule", "note", "headline", "causal_only"}
             if unknown or not {"claim", "paper", "ours", "rule"} <= set(entry):
                 raise ValueError(f"{path.name}: claim {key!r} needs claim, paper, ours and rule (and may have note, "
                                  f"headline); got {sorted(entry)}")
             found[key] = ClaimSpec(key=key, chapter=path.stem, claim=entry["claim"], paper=entry["paper"],
                                    ours=entry["ours"], rule=Rule.parse(entry["rule"]), note=entry.get("note", ""),
-                                   headline=bool(entry.get("headline", False)))
+                                   headline=bool(entry.get("headline", False)),
+                                   causal_only=entry.get("causal_only", ""))
     return found
 
 
@@ -186,11 +188,18 @@ class Claim:
 
 
 def judge(key: str, *, model: str, **values: Any) -> Claim:
-    """The ledger row of claim ``key`` for the measured ``values`` (its rule gives the verdict)."""
+    """The ledger row of claim ``key`` for the measured ``values`` (its rule gives the verdict). A claim whose
+    measurement reads causal rows (its ``causal_only`` says why) is ``not comparable`` on an encoder (``causal``
+    False among the values), whatever was measured."""
     known = specs()
     if key not in known:
         raise ValueError(f"unknown claim {key!r}; claims are stated in {LEDGER_DIR}/<chapter>.yml")
     spec = known[key]
+    if spec.causal_only and values.get("causal", True) is False:
+        return Claim(key=key, chapter=spec.chapter, claim=spec.claim, paper=spec.paper,
+                     ours=f"not measured on an encoder: {spec.causal_only}", verdict="not comparable", model=model,
+                     rule=f"not comparable on an encoder; otherwise {spec.rule}", note=spec.note,
+                     values={"causal": False})
     try:
         ours = _Template().format(spec.ours, **values)
     except KeyError as err:

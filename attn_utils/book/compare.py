@@ -106,8 +106,13 @@ def section(chapter: str, models: tuple[str, ...], records: list[dict[str, Any]]
         parts = [f"This build executed the chapter on {len(models)} models: {', '.join(models)}. The chapter above "
                  f"shows {models[0]}; the table gives each claim's verdict on each, by the same rule, with the "
                  f"number the rule decided on. {said}\n", "```{raw} html", claims_table(rows, models), "```", ""]
+    # a model on which no claim of the chapter is comparable shows no figure: it would draw what was not measured
+    idle = [m for m in models if rows and all(per[m]["verdict"] == "not comparable" for per in rows.values()
+                                              if m in per)]
+    if idle:
+        parts += [f"No figure is shown for {', '.join(idle)}: no claim of this chapter is comparable there.", ""]
     for name in FIGURES.get(chapter, []):
-        shown = [(m, figures[m][name]) for m in models if name in figures.get(m, {})]
+        shown = [(m, figures[m][name]) for m in models if name in figures.get(m, {}) and m not in idle]
         if not shown:
             continue
         parts += ["::::{grid} 1 1 2 2", ""]

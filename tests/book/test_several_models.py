@@ -170,3 +170,24 @@ def test_a_run_on_another_model_checks_less_and_records_no_synthetic_claim(tmp_p
     claims.record("ch9-a", model=claims.SYNTHETIC)
     claims.record("ch9-a", model="gemma3-270m")
     assert claims.load().model.tolist() == ["gemma3-270m"]
+
+
+def test_a_causal_claim_is_not_comparable_on_an_encoder(tmp_path, monkeypatch):
+    spec = claims.ClaimSpec("ch9-a", "ch9_x", "c", "p", "{x}", claims.Rule.parse(["reproduced if x > 0",
+                                                                                   "otherwise not reproduced"]),
+                            causal_only="it reads causal rows")
+    monkeypatch.setattr(claims, "specs", lambda: {"ch9-a": spec})
+    assert claims.judge("ch9-a", model="m", x=1, causal=True).verdict == "reproduced"
+    on_encoder = claims.judge("ch9-a", model="enc", x=1, causal=False)
+    assert on_encoder.verdict == "not comparable" and "it reads causal rows" in on_encoder.ours
+    assert on_encoder.rule.startswith("not comparable on an encoder")
+    records = [{**_row("ch9-a", "dec", "reproduced")}, {**_row("ch9-a", "enc", "not comparable")}]
+    monkeypatch.setitem(compare.FIGURES, "ch9_x", ["fig"])
+    text = compare.section("ch9_x", ("dec", "enc"), records, {"dec": {"fig": "a.svg"}, "enc": {"fig": "b.svg"}})
+    assert "No figure is shown for enc" in text and "(a.svg)" in text and "(b.svg)" not in text
+
+
+def test_the_ledger_states_why_a_claim_is_causal_only():
+    stated = [s for s in claims.specs().values() if s.causal_only]
+    assert {"ch1-vanishing-model", "ch2-fig2a-distance-linear"} <= {s.key for s in stated}
+    assert all(len(s.causal_only) > 40 for s in stated)
