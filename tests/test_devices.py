@@ -174,7 +174,7 @@ def pipelines(c):
                 chapter6.coverage(c["lenses"], geometry, [2, 4], 3, 0).shown())
 
     return {
-        "ch0": lambda: setting.layer_checks(w[0], causal_mask(w.shape[-1])),
+        "ch0": lambda: setting.layer_checks(w[0], causal_mask(w.shape[-1], device=w.device)),
         "ch1": lambda: (lambda check: (check.rows, vanishing.model_facts(check, c["weights"])))(
             vanishing.model_rows(c["weights"])),
         "ch2": lambda: (distance.figure2(w, x, Ns=[1, 2, 4], **{k: v for k, v in grid.items()}).by_n,
