@@ -376,7 +376,7 @@ for key in ("ch4-corollary3-entries", "ch4-corrected-spectral", "ch4-finite-diff
 #
 # Algorithm 5 of the paper, as we read it (`algorithms.gradient_sensitivity`): for each layer and
 # head take the logit matrix of the text, and for every query row $t$ draw a direction $v_t$
-# uniformly on the unit sphere of the keys the row can see (causal mask) and compute
+# uniformly on the unit sphere of the keys the row can see (the model's own mask, `Session.visible`) and compute
 # $\|\operatorname{softmax}((l_t+\varepsilon v_t)/T)-\operatorname{softmax}(l_t/T)\|_2/\varepsilon$;
 # average over the rows and take the maximum over heads:
 #
@@ -398,9 +398,11 @@ for key in ("ch4-corollary3-entries", "ch4-corrected-spectral", "ch4-finite-diff
 session = Session.open(p)
 captured = session.capture(what=("logits",), logit_scale=logit_scale)  # logits and temperature on that scale
 logits, T_model = captured.logits, float(captured.temperature.median())
+visible = session.visible()  # (L, L): the keys each row sees, the same in every layer measured
 Ts_run = sorted({float(T) for T in Ts} | {T_model})  # the grid `Ts` and the model's own temperature
 with runlog.timing("Algorithm 5"):  # the reproducibility chapter sets this time beside the paper's Table 1
-    result = algorithms.gradient_sensitivity(logits, Ts_run, epsilons=epsilons, seed=seed, progress=False)
+    result = algorithms.gradient_sensitivity(logits, Ts_run, epsilons=epsilons, mask=visible, seed=seed,
+                                             progress=False)
 summary = result.summary
 table(gradient.g_table(summary), caption=f"g(T, ε) on {session.name}, logit scale '{logit_scale}'")
 
@@ -432,10 +434,11 @@ figures.glue_figure("fig_ch4_figure4", gradient.plot_figure4(summary, T_model, l
 
 # %% tags=["remove-cell"]
 timed = {r["algorithm"]: r["seconds"] for r in runlog.read("timings") if r["notebook"] == runlog.notebook()}
-gaps = gradient.top_two_gaps(logits)  # why the curves flatten at small T
+gaps = gradient.top_two_gaps(logits, visible)  # why the curves flatten at small T
 fig4 = gradient.figure4_findings(summary, epsilons, T_model, logit_scale)
 glue_values({"ch4_model": session.name, "fig4_heads": n_layers * n_heads, "fig4_L": L_run,
              "alg5_seconds": timed["Algorithm 5"],
+             "measured_text": gradient.measured_text(session.name, session.causal, session.L, session.layers_note),
              "fig4_T_model_unique": gradient.temperature_range(captured.temperature),
              "gap_median": gaps.median(), "gap_share_small": 100 * (gaps < 0.1).double().mean(),
              **gradient.figure4_prose(fig4)})
@@ -445,6 +448,10 @@ glue_values({"verdict_" + key.removeprefix("ch4-fig4-").replace("-", "_"): claim
              for key, claim in recorded.items()});
 
 # %% [markdown]
+# **How this model is measured.** {glue:text}`measured_text` $g$ averages over the rows of one window and the
+# gaps are read row by row, without reading a row's length inside a causal window, so every claim below is
+# comparable on an encoder too.
+#
 # Algorithm 5 took {glue:text}`alg5_seconds` s in this run, over every head and every $(T,\varepsilon)$ of the grid
 # (the time recorded for the run, which {doc}`ch5_reproducibility` sets beside the paper's Table 1).
 #

@@ -470,7 +470,10 @@ claims.record("ch6-jacobians", model="synthetic", **gradient.claim());
 # We feed one window of the corpus to the model and capture, for every layer and head, the queries,
 # keys (after rotary embeddings) and values. The logits are the model's own scaled scores,
 # $l=q^\top k\cdot\text{scaling}$, so $T=1$ reproduces the model's softmax and the temperatures of the
-# gradient lens are multiples of the model's own. Query row $t$ (counting from one) sees $t$ keys.
+# gradient lens are multiples of the model's own. Each row sees the keys the model lets it see
+# (`Session.visible`): on a causal model query row $t$ (counting from one) sees $t$ keys, on an encoder every row
+# sees all $L$, and only the layers of `Session.layers` are read (on Gemma 3 beyond 512 tokens, its global
+# layers). {glue:text}`m_measured`
 # We evaluate `rows_per_octave` query rows per octave of positions $[2^k,2^{k+1})$ (all rows of the
 # short octaves) and weight each sampled row by the number of rows it stands for, the estimator that
 # {doc}`ch2_distance` offers as its quicker option. Every row, as there, is out of reach here: the lenses
@@ -672,8 +675,8 @@ if {"self_adjust", "self_adjust_normalized"} & set(names) and "softmax" in names
 # %% [markdown]
 # ## Beyond 1024 tokens: how the paper's curves continue
 #
-# The paper stops at GPT-2's context of 1024 tokens. {glue:text}`long_text` Because the mask is causal,
-# the rows $t\le L'$ of the long window are exactly the rows of an $L'$-token window, so one window
+# The paper stops at GPT-2's context of 1024 tokens. {glue:text}`long_text` On a causal model the rows
+# $t\le L'$ of the long window are exactly the rows of an $L'$-token window, so one window
 # gives the paper's curves at every length up to {glue:text}`m_Lrun`. The curves of
 # {numref}`fig-ch6-long-context` use the model's own attention (softmax), as in the paper: the distance $\tilde d$ at $N=${glue:text}`N_used`
 # against the window length (Figure 2a of the paper), and the separability $N_s/N$ against $N$ at $L$
@@ -779,7 +782,13 @@ glue_values({**long.prose(lemma_model), "dist_long_verdict": distance_claim.verd
 # the different top-$N$ sets. The null hypothesis "the separated sets are independent given what
 # each head selects" is tested by `n_samples` permutations that shuffle each head's separated
 # indicator within its own top-$N$ set (`mathematics.beyond.coverage`), with the total number of covered keys
-# over all layers and rows as the statistic; its exact null mean is (b). As a second look, for every
+# over all layers and rows as the statistic; its exact null mean is (b). Query heads that share a key/value
+# head (grouped-query attention) share their keys and values, so they cannot be expected to separate
+# independently: the test is run between heads that share **no** key/value head (the $j$-th query head of every
+# key/value head form a group, the groups' totals are pooled), on all pairs when no head shares (an encoder
+# such as MiniLM), and not at all, the claim being not comparable, when every pair shares one (Gemma 3, one
+# key/value head for its four query heads; heads of different layers are not the paper's "$H$ heads").
+# Here: {glue:text}`cov_tested`. The coverage itself is that of all the heads of a layer. As a second look, for every
 # pair of heads of a layer we take the keys both select and compute the phi coefficient of "head $h$
 # separates" against "head $h'$ separates" (`mathematics.beyond.head_association`).
 

@@ -288,16 +288,26 @@ def temperature_range(temperatures: torch.Tensor) -> str:
     return "the same in every layer" if hi - lo == 0 else f"between {fmt(lo, 4)} and {fmt(hi, 4)} across layers"
 
 
-def top_two_gaps(logits: torch.Tensor) -> torch.Tensor:
-    """l_(1) - l_(2), the gap between the two largest visible logits, for every causal row that sees at least two
-    keys, of every layer and head of ``logits`` (layers, heads, L, L); float64, flattened."""
+def top_two_gaps(logits: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """l_(1) - l_(2), the gap between the two largest visible logits, for every row that sees at least two keys,
+    of every layer and head of ``logits`` (layers, heads, L, L); ``mask`` (L, L) the keys each row sees
+    (``Session.visible``; None: the causal prefix). Float64, flattened."""
     L = logits.shape[-1]
-    causal = causal_mask(L, device=logits.device)
+    visible = causal_mask(L, device=logits.device) if mask is None else mask.to(logits.device)
+    rows = visible.sum(-1) >= 2
     gaps = []
     for layer in logits:
-        top2 = layer.masked_fill(~causal, -torch.inf)[:, 1:].topk(2, dim=-1).values
+        top2 = layer.masked_fill(~visible, -torch.inf)[:, rows].topk(2, dim=-1).values
         gaps.append((top2[..., 0] - top2[..., 1]).flatten())
     return torch.cat(gaps).double()
+
+
+def measured_text(model: str, causal: bool, L: int, layers_note: str) -> str:
+    """How the model part reads ``model``, for the prose: which keys a row's direction and logits range over."""
+    rows = (f"{model} is a causal decoder: row t's direction v_t and its two largest logits range over its t keys"
+            if causal else f"{model} is an encoder: every row sees all {L} keys of the window, so v_t and the two "
+            "largest logits range over all of them")
+    return f"{rows}. {layers_note}".strip()
 
 
 def _law_slope(Ts: Sequence[float], g: Sequence[float]) -> float:

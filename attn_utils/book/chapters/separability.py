@@ -310,17 +310,19 @@ def head_deltas(sep: pd.DataFrame) -> pd.Series:
 
 
 def model_rowwise(weights: torch.Tensor, x: torch.Tensor, deltas: pd.Series, Ns: Sequence[int], M: float = 1.0,
-                  stride: int = ROW_STRIDE, tol: float = MODEL_TOL) -> pd.DataFrame:
-    """Theorem 2 row by row on a causal model, one table row per (layer, head, N, checked query row).
+                  stride: int = ROW_STRIDE, tol: float = MODEL_TOL, mask: torch.Tensor | None = None) -> pd.DataFrame:
+    """Theorem 2 row by row on the model, one table row per (layer, head, N, checked query row).
 
-    ``weights`` (layers, heads, L, L) and ``x`` (layers, heads, L, d) as captured; every ``stride``-th query
-    row (t = stride - 1, 2 stride - 1, ...), renormalized in float64, with the head's delta (``deltas``, see
-    :func:`head_deltas`). Rows that see no more than N keys, or have r = 0, are left out. Columns: layer, head,
-    N, ``ratio``, ``lower``, ``upper`` and the violation flags (beyond ``tol``).
+    ``weights`` (layers, heads, L, L) and ``x`` (layers, heads, L, d) as captured; ``mask`` (L, L) the keys each
+    row sees (``Session.visible``; None: the causal prefix); every ``stride``-th query row (t = stride - 1,
+    2 stride - 1, ...), renormalized in float64, with the head's delta (``deltas``, see :func:`head_deltas`). Rows
+    that see no more than N keys, or have r = 0, are left out. Columns: layer, head, N, ``ratio``, ``lower``,
+    ``upper`` and the violation flags (beyond ``tol``).
     """
     n_layers, n_heads, L = weights.shape[0], weights.shape[1], weights.shape[-1]
     rows = torch.arange(stride - 1, L, stride, device=weights.device)
-    mask_rows = normalizers.causal_mask(L, device=weights.device)[rows]
+    visible = normalizers.causal_mask(L, device=weights.device) if mask is None else mask.to(weights.device)
+    mask_rows = visible[rows]
     checks = []
     for layer in range(n_layers):
         w = weights[layer][:, rows, :].to(F64)
@@ -344,6 +346,15 @@ def model_rowwise(weights: torch.Tensor, x: torch.Tensor, deltas: pd.Series, Ns:
     out["lower_violated"] = out.ratio < out.lower - tol
     out["upper_violated"] = out.ratio > out.upper + tol
     return out
+
+
+def measured_text(model: str, causal: bool, L: int, layers_note: str) -> str:
+    """How the model part reads ``model``, for the prose: whose keys a row sees, and which layers are measured."""
+    rows = (f"{model} is a causal decoder: row t sees the keys 1..t of its prefix, so the rows that see no more "
+            "than N keys are the first N" if causal else
+            f"{model} is an encoder: every row sees all {L} keys of the window (its mask is all True), so every row "
+            "has the same length L and none is skipped")
+    return f"{rows}. {layers_note}".strip()
 
 
 def rowwise_summary(rowwise: pd.DataFrame) -> dict:

@@ -239,7 +239,7 @@ def _geometry_summary(m: ModelLogits, rows: pd.DataFrame, grid) -> pd.DataFrame:
         return pd.concat([m.head_means(frame[frame.N == n], column, m.L).assign(N=n) for n in grid], ignore_index=True)
 
     full = rows[rows.support >= rows.N]
-    valid = rows[(rows.row + 1 > rows.N) & (rows.row < m.L)]
+    valid = rows[(m.seen(rows.row) > rows.N) & (rows.row < m.L)]
     short = (valid.support < valid.N).groupby([valid.name, valid.N]).mean().rename("support < N")
     full_sep = heads(full, "separability").rename(columns={"separability": "separability, support >= N"})
     summary = (heads(rows, "distance").groupby(["name", "N"]).distance.median().to_frame()

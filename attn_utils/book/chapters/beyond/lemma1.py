@@ -155,6 +155,7 @@ class Lemma1Model:
     L: int
     rows: pd.DataFrame
     curve: pd.DataFrame
+    causal: bool = True
 
     def _slope(self, name: str, column: str, lo: float = T_FIT, hi: float | None = None) -> float:
         c = self.curve[(self.curve.name == name) & (self.curve.t >= lo) & (self.curve.t <= (hi or self.L))]
@@ -204,7 +205,8 @@ class Lemma1Model:
         return values
 
     def ssmax_claim(self) -> dict:
-        return {"ssmax": self.slopes["ssmax"], "softmax": self.slopes["softmax"], "t_fit": T_FIT, "L": self.L}
+        return {"ssmax": self.slopes["ssmax"], "softmax": self.slopes["softmax"], "t_fit": T_FIT, "L": self.L,
+                "causal": self.causal}
 
     def sparse_claim(self) -> dict:
         sparse = [n for n in ("sparsemax", "entmax15") if n in self.names]
@@ -232,9 +234,9 @@ def lemma1_model(m: ModelLogits, names) -> Lemma1Model:
                                  zeros=1 - st["support"].double() / st["length"].double(), mass=st["mass"],
                                  entropy=entropy))
     rows = pd.concat(frames, ignore_index=True)
-    rows["t"] = rows.row + 1
+    rows["t"] = m.seen(rows.row)  # the row's length: the keys it sees (all L on an encoder)
     curve = rows.groupby(["name", "normalizer", "t"])[["max", "max, token 0 excluded"]].median().reset_index()
-    return Lemma1Model(list(names), m.L, rows, curve)
+    return Lemma1Model(list(names), m.L, rows, curve, m.causal)
 
 
 def plot_lemma1_model(res: Lemma1Model, m: ModelLogits, corpus: str) -> plt.Figure:

@@ -13,7 +13,6 @@ import torch
 from attn_utils.book.chapters.beyond.common import F64
 from attn_utils.book.formatting import fmt
 from attn_utils.mathematics import algorithms
-from attn_utils.mathematics.normalizers import causal_mask
 from attn_utils.models import capture
 
 # the lenses hold, besides the float64 logits of the sampled rows, temporaries of about twice their size (measured:
@@ -23,8 +22,9 @@ LENS_MEMORY = 3.0
 
 @dataclass
 class Block:
-    """Sampled query rows of one octave: ``rows`` (0-based), K = keys the last of them sees, the scaled logits
-    ``(layers, heads, len(rows), K)`` in float64 and the causal ``mask`` ``(len(rows), K)``."""
+    """Sampled query rows of one octave: ``rows`` (0-based), K = keys the last of them sees (all L_run keys on an
+    encoder), the scaled logits ``(layers, heads, len(rows), K)`` in float64 and the model's ``mask``
+    ``(len(rows), K)`` of the keys each row sees (``Session.visible``)."""
 
     rows: np.ndarray
     K: int
@@ -48,6 +48,8 @@ class ModelLogits:
     values: torch.Tensor        # (layers, heads, L_run, d), the model's dtype
     softmax_error: float        # max |softmax of our logits - the model's attention| (sanity check)
     kv_heads: int
+    kv_head: list[int] | None = None  # the key/value head of each query head (architecture fact kv_head)
+    causal: bool = True         # False on an encoder: every row sees all L_run keys
 
     @property
     def L_run(self) -> int:
@@ -70,6 +72,12 @@ class ModelLogits:
     @property
     def n_heads(self) -> int:
         return int(self.values.shape[1])
+
+    def seen(self, rows) -> np.ndarray:
+        """How many keys each 0-based query row of ``rows`` sees: t = row + 1 on a causal model, L_run on an
+        encoder."""
+        rows = np.asarray(rows)
+        return rows + 1 if self.causal else np.full(rows.shape, self.L_run)
 
     @property
     def main_rows(self) -> np.ndarray:
@@ -116,22 +124,32 @@ class ModelLogits:
         return {"model_name": self.model, "m_L": self.L, "m_Lrun": self.L_run, "m_rows": len(self.main_rows),
                 "m_heads": f"{self.n_layers} layers x {self.n_heads} heads = {self.n_layers * self.n_heads} heads",
                 "m_rows_extra": self.n_extra_rows, "m_err": self.softmax_error, "m_s": fmt(self.s, 4),
+                "m_measured": f"{self.model} is a causal model: the lenses read each row over its own prefix." if
+                              self.causal else f"{self.model} is an encoder: every row has the same {self.L} keys, so "
+                              "no lens reads a slope against the row length t on it (the claims that do are not "
+                              "comparable there) and no window beyond L is read.",
                 "m_every_row_gib": fmt(lens_memory({"n_layers": self.n_layers, "n_heads": self.n_heads},
-                                                   _row_sets(self.L, self.long_lengths, None)[2]) / 2**30)}
+                                                   _row_sets(self.L, self.long_lengths, None, self.causal)[2]) / 2**30)}
 
 
 def capture_logits(session, long_lengths: list[int], rows_per_octave, threads: int | None = None) -> ModelLogits:
     """One forward pass over the longest window (``Session.longer``; ``long_lengths`` is the validated list of the
     parameter rule of :mod:`attn_utils.book.params`, possibly empty), keeping layer by layer the scaled logits of the
     rows sampled per octave (``algorithms.sample_rows``, grouped by ``algorithms.octave_blocks``) and the value
-    vectors. Checks on the last block of every layer that softmax of the kept logits is the model's attention.
-    ``threads``: torch threads for the forward pass (the chapter's small operations run on one)."""
+    vectors, of the layers the reader measures (``Session.layers``: on Gemma 3 beyond 512 tokens its global layers),
+    each row over the keys the model lets it see (``Session.visible``). On an encoder a row's weights depend on the
+    whole window, so the rows t <= L' of one window are not an L'-token window: no longer window is read there
+    (``long_lengths`` is ignored) and every block holds all L keys. Checks on the last block of every layer that
+    softmax of the kept logits is the model's attention. ``threads``: torch threads for the forward pass (the
+    chapter's small operations run on one)."""
     L = session.L
-    long_run = list(long_lengths)
+    long_run = list(long_lengths) if session.causal else []
     reader = session.longer(max([L, *long_run]))
-    samples, row_sets, groups = _row_sets(L, long_run, rows_per_octave)
+    samples, row_sets, groups = _row_sets(L, long_run, rows_per_octave, causal=reader.causal)
     main, device = row_sets["main"], reader.input_ids.device
-    _check_memory(lens_memory(session.provenance.architecture, groups), rows_per_octave, reader.L, device)
+    layers, arch = reader.layers, session.provenance.architecture
+    visible = reader.visible()
+    _check_memory(lens_memory({**arch, "n_layers": len(layers)}, groups), rows_per_octave, reader.L, device)
     stored = {g: [[] for _ in blocks] for g, blocks in groups.items()}
     values, check = [], {"err": 0.0}
 
@@ -144,32 +162,37 @@ def capture_logits(session, long_lengths: list[int], rows_per_octave, threads: i
         values.append(v.clone())
         pos, K = groups["main"][-1]
         rows = torch.as_tensor(main[pos], device=device)
-        ours = torch.softmax(stored["main"][-1][-1].masked_fill(~causal_mask(K, device=device)[rows], -torch.inf), -1)
+        ours = torch.softmax(stored["main"][-1][-1].masked_fill(~visible[rows, :K], -torch.inf), -1)
         check["err"] = max(check["err"], float((ours - w[:, rows, :K]).abs().max()))
 
     previous = torch.get_num_threads()
     torch.set_num_threads(threads or previous)
     try:
-        capture.capture(reader.model, reader.input_ids, collect, dtype=None, what=("q", "k", "v", "weights"))
+        capture.capture(reader.model, reader.input_ids, collect, layers=layers, dtype=None,
+                        what=("q", "k", "v", "weights"))
     finally:
         torch.set_num_threads(previous)
     blocks = {g: [Block(row_sets[g][pos], K, torch.stack(stored[g][b]).to(F64),
-                        causal_mask(K, device=device)[torch.as_tensor(row_sets[g][pos], device=device)])
+                        visible[torch.as_tensor(row_sets[g][pos], device=device), :K])
                   for b, (pos, K) in enumerate(blocks)]
               for g, blocks in groups.items()}
-    arch = session.provenance.architecture
     return ModelLogits(session.name, session.context, L, long_run, rows_per_octave, samples, blocks,
-                       torch.stack(values), check["err"], int(arch.get("n_kv_heads") or arch["n_heads"]))
+                       torch.stack(values), check["err"], int(arch.get("n_kv_heads") or arch["n_heads"]),
+                       list(arch["kv_head"]) if arch.get("kv_head") is not None else None, reader.causal)
 
 
-def _row_sets(L: int, long_run: list[int], rows_per_octave):
+def _row_sets(L: int, long_run: list[int], rows_per_octave, causal: bool = True):
     """The sampled rows of each length (``algorithms.sample_rows``), the rows kept (``main``: t <= L; ``extra``: the
-    further rows of the longer windows) and their blocks of one octave each (``algorithms.octave_blocks``)."""
+    further rows of the longer windows) and their blocks of one octave each (``algorithms.octave_blocks``; on an
+    encoder every block holds all L keys)."""
     samples = {Lp: algorithms.sample_rows(Lp, rows_per_octave) for Lp in [L, *long_run]}
     main = samples[L][0]
     extra = np.setdiff1d(np.concatenate([samples[Lp][0] for Lp in long_run]), main) if long_run else np.array([], int)
     row_sets = {"main": main, **({"extra": extra} if len(extra) else {})}
-    return samples, row_sets, {g: algorithms.octave_blocks(rows) for g, rows in row_sets.items()}
+    groups = {g: algorithms.octave_blocks(rows) for g, rows in row_sets.items()}
+    if not causal:
+        groups = {g: [(pos, max([L, *long_run])) for pos, _ in blocks] for g, blocks in groups.items()}
+    return samples, row_sets, groups
 
 
 def lens_memory(arch: dict, groups: dict) -> float:

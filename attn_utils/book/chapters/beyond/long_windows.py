@@ -63,10 +63,18 @@ class LongContext:
 
     def prose(self, lem_m: Lemma1Model) -> dict:
         m, long = self.m, bool(self.m.long_lengths)
-        return {"long_text": f"{m.model} has a context of {m.context} tokens, so we read windows of "
-                             f"{', '.join(map(str, m.long_lengths))} tokens as well." if long else
-                             f"{m.model} has a context of {m.context} tokens: no window longer than L = {m.L} fits, so "
-                             "this part shows the curves up to L only and its claims are not comparable.",
+        if not m.causal:
+            text = (f"{m.model} is an encoder: a row's weights depend on the whole window, so the rows t <= L' of one "
+                    f"window are not an L'-token window, and an L-sweep would need one forward pass per length; "
+                    f"its {m.context} positions leave no length above L = {m.L} to sweep to anyway. This part "
+                    "therefore draws nothing for it and its claims are not comparable.")
+        elif long:
+            text = f"{m.model} has a context of {m.context} tokens, so we read windows of " \
+                   f"{', '.join(map(str, m.long_lengths))} tokens as well."
+        else:
+            text = f"{m.model} has a context of {m.context} tokens: no window longer than L = {m.L} fits, so " \
+                   "this part shows the curves up to L only and its claims are not comparable."
+        return {"long_text": text,
                 "slope_below": fmt(self.slope_below, 2),
                 "slope_above": fmt(self.slope_above, 2) if long else "n/a (no longer window)",
                 "N_plateau": self.N_plateau, "sep_L": self.plateau(m.L),
@@ -76,18 +84,19 @@ class LongContext:
 
     def distance_claim(self) -> dict:
         return {"N": self.N, "L": self.m.L, "L_run": self.m.L_run, "longer": bool(self.m.long_lengths),
-                "slope_above": self.slope_above, "slope_below": self.slope_below}
+                "causal": self.m.causal, "slope_above": self.slope_above, "slope_below": self.slope_below}
 
     def separability_claim(self) -> dict:
         return {"N": self.N_plateau, "L": self.m.L, "L_run": self.m.L_run, "longer": bool(self.m.long_lengths),
-                "at_L": self.plateau(self.m.L), "at_L_run": self.plateau(self.m.L_run)}
+                "causal": self.m.causal, "at_L": self.plateau(self.m.L), "at_L_run": self.plateau(self.m.L_run)}
 
 
 def long_context(m: ModelLogits, geo: GeometryModel) -> LongContext:
     """Softmax's d~ and N_s / N on the rows t > L of the longer window, added to those of the rows t <= L; then per
     window length L' (the powers of two from 32 below L, L and the long lengths) the row-weighted means per head
-    over the rows t <= L' (causal mask: they are the rows of an L'-token window at the same offset)."""
-    soft = [geo.rows[geo.rows.name == "softmax"]] if "softmax" in geo.names else []
+    over the rows t <= L' (causal mask: they are the rows of an L'-token window at the same offset). On an encoder
+    they are not, and nothing is measured: the curves are empty."""
+    soft = [geo.rows[geo.rows.name == "softmax"]] if "softmax" in geo.names and m.causal else []
     if soft and m.blocks.get("extra"):
         v = m.values.to(F64)
         sphere = metrics.project_to_sphere(v)
@@ -116,6 +125,9 @@ def plot_long_context(res: LongContext, corpus: str) -> plt.Figure:
     """The paper's curves with the model's softmax up to the longest window: (a) d~ at N against the window length
     L' (Fig. 2a) with a line of slope 1, (b) N_s / N against N at L and at the longest window (Fig. 3)."""
     m, curves = res.m, res.curves
+    if not m.causal:
+        return nothing_to_draw(f"{m.model} is an encoder: one window gives no curve over window lengths, and its "
+                               f"{m.context} positions leave no length above L = {m.L}.")
     if not len(curves):
         return nothing_to_draw("Softmax is not among the normalizers measured: the paper's curves are not drawn.")
     fig, axes = two_panels()
