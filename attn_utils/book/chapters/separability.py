@@ -13,7 +13,7 @@ module runs them over the chapter's synthetic instances and the model's heads, a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
