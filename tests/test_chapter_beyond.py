@@ -254,6 +254,49 @@ def test_a_model_without_longer_windows_is_not_comparable(model_run):
                                                                                    pd.DataFrame()))["long_text"]
 
 
+def test_independence_groups_share_no_key_value_head():
+    smollm = ch6.heads.independence_groups([h // 3 for h in range(9)])
+    assert smollm.tolist() == [[0, 3, 6], [1, 4, 7], [2, 5, 8]]
+    assert ch6.heads.independence_groups(list(range(12))).tolist() == [list(range(12))]  # MiniLM: no sharing
+    assert ch6.heads.independence_groups([0, 0, 0, 0]).tolist() == [[0], [1], [2], [3]]  # Gemma: no pair
+    with pytest.raises(ValueError, match="kv_head"):
+        ch6.heads.independence_groups([0, 0, 1])
+
+
+def test_coverage_test_between_heads_sharing_no_key_value_head(model_run):
+    _, logits, _, geometry, _ = model_run
+    H = logits.n_heads
+    shared = ch6.ModelLogits(**{**logits.__dict__, "kv_head": [0] * H, "kv_heads": 1})
+    row = ch6.coverage(shared, geometry, [4], 20, seed=0).row
+    assert row["head pairs tested per layer"] == 0 and math.isnan(row["permutation p-value"])
+    free = ch6.coverage(logits, geometry, [4], 20, seed=0)
+    assert free.row["head pairs tested per layer"] == H * (H - 1) // 2
+    assert row["observed coverage"] == free.row["observed coverage"]  # the coverage is that of all the heads
+    verdict = claims.judge("ch6-heads-independent", model="m", **ch6.coverage(shared, geometry, [4], 20, 0)
+                           .independence_claim()).verdict
+    assert verdict == "not comparable"
+
+
+def test_an_encoder_sees_every_key_and_is_not_comparable_on_t_slopes(model_run):
+    _, logits, _, geometry, _ = model_run
+    assert logits.seen([0, 5]).tolist() == [1, 6]
+    K = logits.L
+    main = [ch6.Block(b.rows, K, torch.zeros(*b.logits.shape[:2], len(b.rows), K, dtype=torch.float64),
+                      torch.ones(len(b.rows), K, dtype=torch.bool)) for b in logits.blocks["main"]]
+    enc = ch6.ModelLogits(**{**logits.__dict__, "long_lengths": [], "blocks": {"main": main}, "causal": False,
+                             "values": logits.values[:, :, :K]})
+    assert enc.seen([0, 5]).tolist() == [K, K]
+    lem = ch6.lemma1_model(enc, ["softmax", "ssmax"])
+    assert set(lem.rows.t) == {K}  # every row has the same L keys
+    soft = lem.rows[lem.rows.name == "softmax"]
+    assert np.allclose(soft["max"], 1 / K)  # zero logits over all K keys: uniform weights
+    assert claims.judge("ch6-ssmax-model", model="m", **lem.ssmax_claim()).verdict == "not comparable"
+    long = ch6.long_context(enc, ch6.geometry_model(enc, ["softmax"], 4, [2, 4]))
+    assert not len(long.curves)
+    assert claims.judge("ch6-long-distance", model="m", **long.distance_claim()).verdict == "not comparable"
+    assert "encoder" in long.prose(lem)["long_text"]
+
+
 # --- what the chapter shows: figures that fit the text column, tables that fit it too ---------------------------------
 
 
@@ -349,13 +392,16 @@ def rule(key):
 
 def test_rules_reproduce_the_former_verdict_logic():
     for a, b in itertools.product(GRID, repeat=2):
-        assert rule("ch6-ssmax-model").verdict({"ssmax": a, "softmax": b}) == old_ssmax(a, b)
+        assert rule("ch6-ssmax-model").verdict({"ssmax": a, "softmax": b, "causal": True}) == old_ssmax(a, b)
+        assert rule("ch6-ssmax-model").verdict({"ssmax": a, "softmax": b, "causal": False}) == "not comparable"
         assert rule("ch6-self-adjust-gradient").verdict({"self_adjust": a, "softmax": b}) == old_self_adjust(a, b)
     for x, longer in itertools.product(GRID, (True, False)):
-        assert rule("ch6-long-distance").verdict({"longer": longer, "slope_above": x}) == old_long(longer, x, 0.8, 1.2,
-                                                                                                  0.5, 1.5)
-        assert rule("ch6-long-separability").verdict({"longer": longer, "at_L_run": x}) == old_long(longer, x, 0.70,
-                                                                                                    0.85, 0.60, 0.95)
+        assert rule("ch6-long-distance").verdict({"longer": longer, "slope_above": x, "causal": True}) == \
+            old_long(longer, x, 0.8, 1.2, 0.5, 1.5)
+        assert rule("ch6-long-separability").verdict({"longer": longer, "at_L_run": x, "causal": True}) == \
+            old_long(longer, x, 0.70, 0.85, 0.60, 0.95)
+        assert rule("ch6-long-distance").verdict({"longer": longer, "slope_above": x, "causal": False}) == \
+            "not comparable"
     finite = [g for g in GRID if math.isfinite(g)]
     for z1, z2, e1, e2, soft in itertools.product([0.3, 0.5, 0.7], [0.2, 0.9], [1.0, 2.0], [1.5, 3.0], [1.2, 2.5]):
         for zeros, entropies in (([z1, z2], [e1, e2]), ([z1], [e1])):
@@ -365,7 +411,9 @@ def test_rules_reproduce_the_former_verdict_logic():
         values = {"observed": observed, "paper": paper, "independent": independent}
         assert rule("ch6-multihead-coverage").verdict(values) == old_coverage(observed, paper, independent)
     for p in (0.0, 0.005, 0.01, 0.5, float("nan")):
-        assert rule("ch6-heads-independent").verdict({"pvalue": p}) == ("reproduced" if p >= 0.01 else "not reproduced")
+        assert rule("ch6-heads-independent").verdict({"pvalue": p, "pairs": 3}) == \
+            ("reproduced" if p >= 0.01 else "not reproduced")
+        assert rule("ch6-heads-independent").verdict({"pvalue": p, "pairs": 0}) == "not comparable"
     checks = {"ch6-envelopes": [({"envelope_violations": 0, "planted_violations": 0}, "holds"),
                                 ({"envelope_violations": 1, "planted_violations": 0}, "fails"),
                                 ({"envelope_violations": 0, "planted_violations": 2}, "fails")],
