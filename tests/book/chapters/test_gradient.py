@@ -301,3 +301,11 @@ def test_every_claim_of_the_chapter_is_stated_and_judged_on_the_values_it_names(
                 if isinstance(node, ast.Name) and node.id not in claims._FUNCTIONS}
         fields = {field for _, field, _, _ in string.Formatter().parse(spec.ours) if field}
         assert used <= names and fields <= names, (key, used - names, fields - names)
+
+
+def test_top_two_gaps_read_the_model_mask():
+    """All-True mask (an encoder): every row's gap is over all L logits; the causal default skips row 0."""
+    logits = torch.tensor([[[[0.0, 3.0, 1.0], [2.0, 0.5, 0.0], [1.0, 1.0, 4.0]]]])
+    enc = gradient.top_two_gaps(logits, torch.ones(3, 3, dtype=torch.bool))
+    assert enc.tolist() == [2.0, 1.5, 3.0]
+    assert gradient.top_two_gaps(logits).tolist() == [1.5, 3.0]  # rows 1..2 of the causal prefix

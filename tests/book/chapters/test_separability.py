@@ -218,3 +218,18 @@ def test_coverage_table_is_the_closed_form():
     assert np.allclose(table.a, 1 - 0.2 ** table.H) and np.allclose(table.b, 1 - 0.5 ** table.H)
     assert claims.judge("ch3-multihead-coverage", model="synthetic", coverage=table.a[2], H=3, p_ours=0.5,
                         measured_on="m", H_ours=7).verdict == "holds"
+
+
+def test_model_rowwise_with_an_encoders_all_true_mask_checks_every_row():
+    """An encoder's rows see all L keys: no row is skipped for seeing too few keys, unlike the causal default."""
+    gen = torch.Generator().manual_seed(3)
+    L, d = 16, 4
+    w = torch.softmax(torch.randn(1, 1, L, L, generator=gen, dtype=torch.float64), -1)
+    x = torch.randn(1, 1, L, d, generator=gen, dtype=torch.float64)
+    deltas = pd.Series({(0, 0): 0.0})
+    enc = sep_ch.model_rowwise(w, x, deltas, [4], stride=2, mask=torch.ones(L, L, dtype=torch.bool))
+    assert len(enc) == L // 2 and not enc.lower_violated.any()
+    causal_w = torch.softmax(torch.randn(1, 1, L, L, generator=gen, dtype=torch.float64)
+                             .masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), -torch.inf), -1)
+    assert len(sep_ch.model_rowwise(causal_w, x, deltas, [4], stride=2)) == L // 2 - 2  # rows 1, 3 see <= 4
+    assert "encoder" in sep_ch.measured_text("m", False, L, "")
