@@ -247,8 +247,9 @@ def random_set_checks(n_trials: int, n_samples: int, generator: torch.Generator
         for family in EXACT_FAMILIES:
             w, x, _ = make_batch(family, length, 1, 16, generator)
             for n_top, value in zip((1, length - 1), closed_form_expectations(w, x)):
+                main = theory.theorem1_random_main_sum(w, x, n_top)[:, 0]
                 frames.append(pd.DataFrame({"family": family, "L": length, "N": n_top, "exact": value.cpu().numpy(),
-                                            "main sum": theory.theorem1_random_main_sum(w, x, n_top)[:, 0].cpu().numpy()}))
+                                            "main sum": main.cpu().numpy()}))
     closed = pd.concat(frames, ignore_index=True)
     frames = []
     for length in MC_LENGTHS:

@@ -87,8 +87,8 @@ def figure1_instance(seed: int = 0, L: int = 12, N: int = 4, sigma: float = 1.5,
     dist = torch.linalg.vector_norm(scaled - s, dim=-1)
     sel, r = sel[0], float(r[0])
     nearest = int(torch.where(~sel, dist, torch.inf).argmin())
-    return Figure1(x.cpu().numpy(), w[0].cpu().numpy(), sel.cpu().numpy(), scaled.cpu().numpy(), s.cpu().numpy(), r, (sel & (dist < r)).cpu().numpy(),
-                   nearest, float(ratio[0]), M, sigma)
+    return Figure1(x.cpu().numpy(), w[0].cpu().numpy(), sel.cpu().numpy(), scaled.cpu().numpy(), s.cpu().numpy(), r,
+                   (sel & (dist < r)).cpu().numpy(), nearest, float(ratio[0]), M, sigma)
 
 
 def _figure1_markers() -> tuple[dict, dict]:
@@ -233,9 +233,10 @@ def synthetic_rows(L: int, Ns: Sequence[int], sigmas: Sequence[float], n_trials:
             bounds = theory.theorem2_bounds(w, sel, r, M, delta[:, None])
             xi = torch.gather(theory.theorem2_xi(w, sel, M, delta[:, None]), -1, idx)
             frames.append(pd.DataFrame({
-                "sigma": sigma, "trial": np.repeat(np.arange(n_trials), n_rows), "row": np.tile(np.arange(n_rows),
-                n_trials), "N": N, "ratio": ratio.flatten().cpu().numpy(), "lower": bounds.lower.flatten().cpu().numpy(),
-                "upper": bounds.upper.flatten().cpu().numpy(), "xi_gap": (X - xi).amax(-1).flatten().cpu().numpy(),
+                "sigma": sigma, "trial": np.repeat(np.arange(n_trials), n_rows),
+                "row": np.tile(np.arange(n_rows), n_trials), "N": N, "ratio": ratio.flatten().cpu().numpy(),
+                "lower": bounds.lower.flatten().cpu().numpy(), "upper": bounds.upper.flatten().cpu().numpy(),
+                "xi_gap": (X - xi).amax(-1).flatten().cpu().numpy(),
                 "delta": np.repeat(delta.cpu().numpy(), n_rows)}))
     syn = pd.concat(frames, ignore_index=True).sort_values(["sigma", "trial", "N", "row"], kind="stable",
                                                            ignore_index=True)
@@ -283,7 +284,7 @@ def draw_synthetic(syn: pd.DataFrame, L: int) -> plt.Figure:
     Ns = sorted(syn.N.unique())
     fig, axes = plt.subplots(1, 2, figsize=(7.4, 4.4), layout="constrained")
     for ax, quantities in zip(axes, (["ratio", "upper"], ["lower"])):
-        for k, (sigma, part) in enumerate(means.groupby("sigma")):
+        for k, (_sigma, part) in enumerate(means.groupby("sigma")):
             for q in quantities:
                 ax.plot(part.N, part[q], ls=styles[q][1], marker=styles[q][2], ms=4, color=palette[k])
         ax.set_xscale("log", base=2)
@@ -340,8 +341,10 @@ def model_rowwise(weights: torch.Tensor, x: torch.Tensor, deltas: pd.Series, Ns:
                                        float(deltas[(layer, h)]))
             for a, N in enumerate(Ns):
                 ok = per_n[a][2][h]
-                checks.append(pd.DataFrame({"layer": layer, "head": h, "N": N, "ratio": per_n[a][1][h][ok].cpu().numpy(),
-                                            "lower": b.lower[a][ok].cpu().numpy(), "upper": b.upper[a][ok].cpu().numpy()}))
+                checks.append(pd.DataFrame({"layer": layer, "head": h, "N": N,
+                                            "ratio": per_n[a][1][h][ok].cpu().numpy(),
+                                            "lower": b.lower[a][ok].cpu().numpy(),
+                                            "upper": b.upper[a][ok].cpu().numpy()}))
     out = pd.concat(checks, ignore_index=True)
     out["lower_violated"] = out.ratio < out.lower - tol
     out["upper_violated"] = out.ratio > out.upper + tol

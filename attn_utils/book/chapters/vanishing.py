@@ -42,7 +42,8 @@ GAP, NOISE = 2.0, 0.25          # logit gap of the planted key; standard deviati
 ESCAPE_NORMALIZERS = ("softmax", "ssmax", "sparsemax")
 MODEL_RTOL = 1e-3               # relative tolerance of a model weight against its row's bounds (float32 weights)
 MODEL_ATOL = torch.finfo(torch.float32).tiny   # a weight that underflowed to 0 is no violation
-HEAD_DECAY, HEAD_FLAT = -0.5, -0.2             # per-head slope classes: "decays ~1/t" <= HEAD_DECAY, "O(1)" >= HEAD_FLAT
+# per-head slope classes: "decays ~1/t" <= HEAD_DECAY, "O(1)" >= HEAD_FLAT
+HEAD_DECAY, HEAD_FLAT = -0.5, -0.2
 READING = {"reproduced": "the typical largest weight does shrink at a rate close to 1/t",
            "partly reproduced": "the typical largest weight shrinks, but clearly more slowly than 1/t",
            "not reproduced": "the typical largest weight does not shrink like 1/t over this window"}
@@ -245,7 +246,8 @@ def corollary1_facts(table: pd.DataFrame) -> dict:
 
 def escape_table(lengths: Sequence[int], n_trials: int, gen: torch.Generator) -> pd.DataFrame:
     """One row per (synthetic row, normalizer): the largest weight when one planted key exceeds the others, small
-    Gaussian noise of sd :data:`NOISE`, by :data:`GAP`, under softmax, scalable softmax (s = 1) and sparsemax at T = 1."""
+    Gaussian noise of sd :data:`NOISE`, by :data:`GAP`, under softmax, scalable softmax (s = 1) and sparsemax
+    at T = 1."""
     rows = []
     for length in lengths:
         logits = torch.randn(n_trials, length, generator=gen, dtype=F64) * NOISE
@@ -371,7 +373,8 @@ def plot_spread(rows: pd.DataFrame, model: str) -> plt.Figure:
     sns.histplot(data=both, x="value", hue="quantity", bins=80, stat="density", common_norm=False, element="step",
                  ax=ax2)
     ax2.set(xlabel="$\\log_{10}$ of ($t$ times a weight)")
-    sns.move_legend(ax2, "lower center", bbox_to_anchor=(0.5, 1.0), ncols=2, title=None, frameon=False, fontsize="small")
+    sns.move_legend(ax2, "lower center", bbox_to_anchor=(0.5, 1.0), ncols=2, title=None, frameon=False,
+                    fontsize="small")
     figures.model_title(fig, "How far Corollary 1 lets a weight stray from 1/t, per row", model)
     return fig
 
@@ -415,7 +418,8 @@ def decay_facts(rows: pd.DataFrame, binned: pd.DataFrame) -> dict:
     L = int(rows.t.max())
     t_min = fit_start(L)
     return {"m_tmin": t_min, "m_slope_nosink": fitted_slope(binned.median_nosink, t_min),
-            "m_slope_max": fitted_slope(binned.median_max, t_min), "m_slope_top5": fitted_slope(binned.mean_top5, t_min),
+            "m_slope_max": fitted_slope(binned.median_max, t_min),
+            "m_slope_top5": fitted_slope(binned.mean_top5, t_min),
             "m_sink_share": float(rows[rows.t > L // 2]["weight on token 0"].mean())}
 
 

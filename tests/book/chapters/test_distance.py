@@ -64,7 +64,8 @@ def test_the_antipodal_family_attains_the_bound_in_closed_form():
 
 def test_fixed_set_instances_and_their_summary():
     fixed = distance.fixed_set_instances(200, generator())
-    configs = [(f, n, k) for f in distance.FAMILIES for n in distance.SYNTHETIC_LENGTHS for k in distance.top_sizes(f, n)]
+    configs = [(f, n, k) for f in distance.FAMILIES for n in distance.SYNTHETIC_LENGTHS
+               for k in distance.top_sizes(f, n)]
     assert len(fixed) == len(configs) * math.ceil(200 / len(configs))
     assert not fixed["violates (sum_of_norms)"].any() and not fixed["violates (norm_of_sum)"].any()
     assert (fixed["norm_of_sum"] <= fixed["sum_of_norms"] * (1 + 1e-12)).all()
@@ -245,7 +246,8 @@ def test_figure2_facts_on_known_panels():
     fig2 = distance.Figure2(by_length, by_n, tests, critical, rows=100)
     f = distance.figure2_facts(fig2, N=5, alpha=0.01, reading="norm_of_sum")
     assert f["m_slope_d"] == pytest.approx(1.0) and f["m_slope_e"] == pytest.approx(0.0)
-    assert f["m_safe_fraction"] == 1.0 and f["m_conservative"] == pytest.approx(2.375)  # median of 3, 2.5, 2.25, 3, 2, 2
+    # m_conservative: the median of 3, 2.5, 2.25, 3, 2, 2
+    assert f["m_safe_fraction"] == 1.0 and f["m_conservative"] == pytest.approx(2.375)
     assert f["m_plateau"] == pytest.approx(0.05) and f["m_plateau_text"] == "5 %"
     assert f["m_ratio_20"] == pytest.approx(2.0) and f["m_ratio_100"] == pytest.approx(2.0)
     assert f["m_gap_5"] == pytest.approx(0.5) and f["m_gap_100"] == pytest.approx(1 - 10.8 / 11.4)
@@ -253,7 +255,8 @@ def test_figure2_facts_on_known_panels():
     assert f["m_crit_table"] == ("L=32: N=28 (0.88 L; between 2 and 28, as the grid steps from 1 to 28), "
                                  "L=64: N=3 (0.05 L, the smallest size tested)")
     assert f["m_p_006_tested"] == 2 and not f["m_p_006_reject_all"] and f["m_p_006_accepted"] == "64"
-    assert f["m_rows_text"] == "100 sampled query rows per head (9.77 % of the rows)" and f["m_reading"] == "norm of sum"
+    assert f["m_rows_text"] == "100 sampled query rows per head (9.77 % of the rows)"
+    assert f["m_reading"] == "norm of sum"
     assert distance.rows_text(1024, 1024) == "every query row (1024 per head)"
 
 
@@ -313,8 +316,9 @@ def test_bound_rules(safe, violations, verdict):
 
 
 def test_synthetic_rules():
-    assert judge("ch2-thm1-fixed-synthetic", violations_son=0, violations_nos=0, instances=9, sqrt_violations=3) == "holds"
-    assert judge("ch2-thm1-fixed-synthetic", violations_son=0, violations_nos=1, instances=9, sqrt_violations=3) == "fails"
+    common = dict(violations_son=0, instances=9, sqrt_violations=3)
+    assert judge("ch2-thm1-fixed-synthetic", violations_nos=0, **common) == "holds"
+    assert judge("ch2-thm1-fixed-synthetic", violations_nos=1, **common) == "fails"
     base = dict(exact_violations=0, exact_cases=5, closed_violations=0, closed_cases=5, z_max=4, mc_violations=0,
                 mc_rows=5, monotone_percent=80.0)
     assert judge("ch2-thm1-random-synthetic", **base) == "holds"

@@ -213,8 +213,12 @@ EPS = [1e-3, 1e-1, 10.0]
 
 def test_findings_of_an_ideal_figure_4():
     # g = 0.2 / T: a 1/T law; below T = 1 slightly smaller for larger eps, from T = 1 on the same for every eps
-    f = lambda e: 1 - 0.01 * math.log10(e) - 0.03  # 1, 0.98, 0.96
-    g = lambda T, e: (0.2 / T) * (f(e) if T < 1 else 1.0)
+    def f(e):
+        return 1 - 0.01 * math.log10(e) - 0.03  # 1, 0.98, 0.96
+
+    def g(T, e):
+        return (0.2 / T) * (f(e) if T < 1 else 1.0)
+
     found = gradient.figure4_findings(_summary(TS, EPS, g), EPS, T_model=1.0, logit_scale="raw")
     assert np.allclose(found["slopes"], -1) and max(found["slope_misfit"]) < 1e-9
     assert found["order_hits"] == [True, True, True] and found["hits"] == 3 and found["n_low"] == 3
@@ -231,7 +235,9 @@ def test_findings_of_an_ideal_figure_4():
 
 def test_findings_of_a_flat_figure_4():
     # saturated rows: g flat at small T, eps in the wrong order at one temperature, no drop, far below the bound
-    g = lambda T, e: 1e-4 * (2 if (T == 1e-2 and e == 10.0) else 1) * (1 + 0.5 * (T >= 1) * math.log10(e) ** 2)
+    def g(T, e):
+        return 1e-4 * (2 if (T == 1e-2 and e == 10.0) else 1) * (1 + 0.5 * (T >= 1) * math.log10(e) ** 2)
+
     found = gradient.figure4_findings(_summary(TS, EPS, g), EPS, T_model=10.0, logit_scale="model")
     assert np.allclose(found["slope_misfit"], [abs(s + 1) for s in found["slopes"]])
     assert found["order_hits"] == [True, False, True] and found["hits"] == 2
@@ -253,7 +259,9 @@ def test_findings_say_not_comparable_when_the_grid_lacks_the_temperatures():
 
 
 def test_a_slope_left_undefined_by_a_zero_g_counts_as_off_the_law():
-    g = lambda T, e: 0.0 if (e == 10.0 and T == 1e-3) else 0.25 / T
+    def g(T, e):
+        return 0.0 if (e == 10.0 and T == 1e-3) else 0.25 / T
+
     found = gradient.figure4_findings(_summary(TS, EPS, g), EPS, T_model=1.0, logit_scale="raw")
     assert math.isnan(found["slopes"][2]) and found["slope_misfit"][2] == math.inf
     assert _verdicts(found)["inverse-T"] == "partly reproduced"

@@ -55,7 +55,8 @@ def test_the_sink_reading_follows_the_comparison_with_the_uniform_share():
     assert "about what uniform" in setting.sink_reading(uniform * 1.5, uniform)
     w = torch.zeros(1, 4, 4, dtype=torch.float64)
     w[0, :, 0] = 1  # every row puts all its weight on the first token
-    assert setting.layer_checks(w, normalizers.causal_mask(4))["first_key_ratio"] == pytest.approx(3 / (1 / 2 + 1 / 3 + 1 / 4))
+    checks = setting.layer_checks(w, normalizers.causal_mask(4))
+    assert checks["first_key_ratio"] == pytest.approx(3 / (1 / 2 + 1 / 3 + 1 / 4))
 
 
 def test_layer_checks_and_heatmaps_of_an_encoder_mask_nothing():
@@ -138,7 +139,8 @@ def test_glance_lists_headline_claims_with_badges_and_links(monkeypatch, tmp_pat
         "ch9-b:\n  claim: a lemma\n  paper: bound\n  ours: '{v}'\n  rule: [holds if v == 0, otherwise fails]\n")
     original = claims.specs
     monkeypatch.setattr(claims, "specs", lambda: original(tmp_path))
-    rows = pd.DataFrame([claims.judge("ch9-a", model="m", s=-0.1).__dict__, claims.judge("ch9-b", model="m", v=0).__dict__])
+    rows = pd.DataFrame([claims.judge("ch9-a", model="m", s=-0.1).__dict__,
+                         claims.judge("ch9-b", model="m", v=0).__dict__])
     table = repro.glance(rows)
     assert table.count("<tr>") == 2  # the header and the one headline claim
     assert "weights &lt;vanish&gt;" in table and "slope -0.1" in table

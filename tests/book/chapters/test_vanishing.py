@@ -200,8 +200,9 @@ def test_model_rows_agree_with_a_slow_loop(tiny):
 def power_rows(L, exponents):
     """Per-row table where head h of layer 0 has largest weight t^-p_h (token 0 excluded too), weight 0.1 on token 0."""
     t = np.arange(1, L + 1)
-    frames = [pd.DataFrame({"layer": 0, "head": h, "t": t, "max weight": t ** -p, "max weight, token 0 excluded": t ** -p,
-                            "mean top-5 weight": 0.5 * t ** -p, "weight on token 0": 0.1})
+    frames = [pd.DataFrame({"layer": 0, "head": h, "t": t, "max weight": t ** -p,
+                            "max weight, token 0 excluded": t ** -p, "mean top-5 weight": 0.5 * t ** -p,
+                            "weight on token 0": 0.1})
               for h, p in enumerate(exponents)]
     return pd.concat(frames, ignore_index=True)
 

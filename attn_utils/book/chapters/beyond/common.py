@@ -104,6 +104,7 @@ def by_quantity(frame: pd.DataFrame, names, captions: dict[str, str]) -> dict[st
 
 
 def by_temperature(table: pd.DataFrame, column: str, names) -> pd.DataFrame:
-    """``column`` of a table with one row per (normalizer, T): rows the normalizers of ``names``, columns ``T = ...``."""
+    """``column`` of a table with one row per (normalizer, T): rows the normalizers of ``names``,
+    columns ``T = ...``."""
     wide = table.pivot(index="normalizer", columns="T", values=column).reindex([label(n) for n in names])
     return wide.rename(columns=lambda T: f"T = {fmt(T)}").rename_axis(columns=None)

@@ -218,7 +218,8 @@ def geometry_model(m: ModelLogits, names, N: int, Ns) -> GeometryModel:
                                support=support)
                 if n_top == N:
                     s_norm = (torch.where(g.selected, w, 0.0) @ v[:, :, :block.K]).norm(dim=-1)
-                    frame["count share"] = (((block.mask.sum(-1) - n_top) * s_norm) / g.distance).flatten().cpu().numpy()
+                    share = ((block.mask.sum(-1) - n_top) * s_norm) / g.distance
+                    frame["count share"] = share.flatten().cpu().numpy()
                 frames.append(frame)
                 if name == "softmax" and n_top in coverage_inputs:
                     coverage_inputs[n_top].append((g.selected, g.separated, g.valid))
@@ -227,8 +228,9 @@ def geometry_model(m: ModelLogits, names, N: int, Ns) -> GeometryModel:
     n_chk, vk = min(N, last.K - 1), v[:1, :, :last.K]
     w0 = registry.normalize(last.logits[:1], "softmax1", mask=last.mask)
     fast = beyond.geometry(w0, vk, n_chk, last.mask, keys=False)
-    route = max(np.nanmax(np.abs((fast.distance - beyond.lens_distance(w0, vk, n_chk, last.mask)).cpu().numpy())),
-                np.nanmax(np.abs((fast.separability - beyond.lens_separability(w0, vk, n_chk, last.mask)).cpu().numpy())))
+    d_gap = fast.distance - beyond.lens_distance(w0, vk, n_chk, last.mask)
+    s_gap = fast.separability - beyond.lens_separability(w0, vk, n_chk, last.mask)
+    route = max(np.nanmax(np.abs(d_gap.cpu().numpy())), np.nanmax(np.abs(s_gap.cpu().numpy())))
     return GeometryModel(names, N, grid, rows, _geometry_summary(m, rows, grid), float(route), coverage_inputs)
 
 

@@ -183,7 +183,8 @@ def _coverage_row(n_top, n_heads, n_samples, pairs, total, null, null_layer, obs
     return {"N": n_top, "rows": total["rows"], "mean p = N_s/N": p_bar,
             "mean |U| / N": total["union"] / total["rows"] / n_top,
             "observed coverage": total["covered"] / total["union"],
-            "independence given selection": total["expected"] / total["union"], "paper 1-(1-p)^H": 1 - (1 - p_bar) ** n_heads,
+            "independence given selection": total["expected"] / total["union"],
+            "paper 1-(1-p)^H": 1 - (1 - p_bar) ** n_heads,
             "head pairs tested per layer": pairs,
             "z (observed vs null)": (observed - expected) / spread if spread > 0 else float("nan"),
             "permutation p-value": pvalue, "layers rejecting at 0.01": rejecting}
@@ -193,7 +194,8 @@ def plot_coverage(res: Coverage, corpus: str, seed: int) -> plt.Figure:
     """(a) Against N: the observed coverage, its two predictions and the mean p; (b) per N, box plots of the phi
     coefficient of the pairs of heads of a layer."""
     if not len(res.table):
-        return nothing_to_draw("Softmax is not among the normalizers measured, or no N of the grid is below L: no coverage to draw.")
+        return nothing_to_draw("Softmax is not among the normalizers measured, or no N of the grid is below L: "
+                               "no coverage to draw.")
     fig, axes = two_panels()
     t = res.table
     for column, style in (("observed coverage", "o-"), ("independence given selection", "s--"),

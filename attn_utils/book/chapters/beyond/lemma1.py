@@ -95,7 +95,8 @@ class Lemma1Synthetic:
         lo, hi, esc = self.planted_lo, self.planted_hi, self.escapes
         return {"L_lo": min(self.lengths), "L_hi": max(self.lengths),
                 "weights": "; ".join(f"{label(n)} {fmt(lo[n])} -> {fmt(hi[n])}" for n in self.names),
-                "escapes": [esc[n] for n in self.names], "predicted": [not registry.get(n).vanishes for n in self.names]}
+                "escapes": [esc[n] for n in self.names],
+                "predicted": [not registry.get(n).vanishes for n in self.names]}
 
 
 def lemma1_synthetic(names, lengths, n_trials: int, generator: torch.Generator) -> Lemma1Synthetic:
