@@ -65,8 +65,9 @@ book: $(STAMP)
 # two workers, one per core, each with one intra-op thread (more would oversubscribe the cores); the tests of a
 # module stay on one worker (the scheduler of tests/conftest.py, so the whole-book build of tests/book/test_book.py runs
 # once), the modules with slow tests start first, in file order (--no-loadscope-reorder);
-# --durations lists the slowest tests, to see where the time goes
+# --durations lists the slowest tests, to see where the time goes; ruff (configured in pyproject.toml) first
 test: $(STAMP)
+	$(VENV)/bin/ruff check attn_utils tests benchmarks
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --no-loadscope-reorder --durations=15
 
 benchmark: $(STAMP)
