@@ -107,8 +107,8 @@ def section(chapter: str, models: tuple[str, ...], records: list[dict[str, Any]]
                  f"shows {models[0]}; the table gives each claim's verdict on each, by the same rule, with the "
                  f"number the rule decided on. {said}\n", "```{raw} html", claims_table(rows, models), "```", ""]
     # a model on which no claim of the chapter is comparable shows no figure: it would draw what was not measured
-    idle = [m for m in models if rows and all(per[m]["verdict"] == "not comparable" for per in rows.values()
-                                              if m in per)]
+    idle = [m for m in models if any(m in per for per in rows.values())
+            and all(per[m]["verdict"] == "not comparable" for per in rows.values() if m in per)]
     if idle:
         parts += [f"No figure is shown for {', '.join(idle)}: no claim of this chapter is comparable there.", ""]
     for name in FIGURES.get(chapter, []):
