@@ -46,7 +46,9 @@ MODEL_ATOL = torch.finfo(torch.float32).tiny   # a weight that underflowed to 0 
 HEAD_DECAY, HEAD_FLAT = -0.5, -0.2
 READING = {"reproduced": "the typical largest weight does shrink at a rate close to 1/t",
            "partly reproduced": "the typical largest weight shrinks, but clearly more slowly than 1/t",
-           "not reproduced": "the typical largest weight does not shrink like 1/t over this window"}
+           "not reproduced": "the typical largest weight does not shrink like 1/t over this window",
+           "not comparable": "the decay with t is not measured on this model (an encoder: every row sees the whole "
+                             "window)"}
 # short column headers of the decay curves of decay_curves, for the chapter's table
 DECAY_LABELS = {"mean_max": "mean max", "median_max": "median max", "mean_nosink": "mean max, token 0 excluded",
                 "median_nosink": "median max, token 0 excluded", "mean_top5": "mean of top 5",
