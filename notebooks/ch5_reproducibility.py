@@ -51,7 +51,7 @@
 # build wrote (attn_utils.book.runlog). Re-run the whole book to change what it reports.
 
 # %% tags=["hide-input"]
-from IPython.display import HTML, Markdown
+from IPython.display import HTML
 from myst_nb import glue
 
 from attn_utils.book import figures
@@ -67,7 +67,7 @@ depend = repro.depends(ledger, models)
 glue_values({**repro.summary(ledger), **repro.windows_summary(ledger, across),
              "depend_list": "; ".join(ledger[ledger.key == k].claim.iloc[0] for k in depend) or "none"})
 glue("glance", HTML(repro.glance(ledger)), display=False)  # the first page's "results at a glance"
-glue("models_md", Markdown(repro.described()), display=False)  # the first page's list of models
+glue("models_text", repro.described(), display=False)  # the first page's list of models
 
 # %% [markdown]
 # ## The claims ledger

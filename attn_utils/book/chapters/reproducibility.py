@@ -242,8 +242,8 @@ def glance(rows: pd.DataFrame, link_prefix: str = "../notebooks/") -> str:
 
 
 def described() -> str:
-    """The models of the build as a Markdown list for the first page: each name and what it is (its provenance)."""
+    """The models of the build for the first page, one sentence: each name and what it is (its provenance)."""
     seen: dict[str, str] = {}
     for r in runlog.read("provenance"):
         seen.setdefault(r["model"], r.get("description", ""))
-    return "\n".join(f"- **{m}**: {seen.get(m, 'not measured in this build')}" for m in models()) + "\n"
+    return "; ".join(f"{m} ({seen.get(m) or 'not measured in this build'})" for m in models())
