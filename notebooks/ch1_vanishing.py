@@ -324,7 +324,10 @@ figures.glue_figure("fig_ch1_escape", vanishing.plot_escape(escape))
 #
 # The lemma is about one row and a fixed normalizer; in a causal language model row $t$ (counting
 # from 1) sees the first $t$ keys of the window, so its "$L$" is $t$ (our convention, {ref}`sources-protocol`; the
-# paper does not say how it handles the causal mask). We feed a window of `L` tokens to the model and
+# paper does not say how it handles the causal mask). In an encoder every row sees the whole window, so its "$L$"
+# is the window's length: there we also read windows of 4, 8, ..., 256 tokens (below `L`, one forward pass each),
+# and $t$ below is the number of keys a row sees. {glue:text}`model_name` is {glue:text}`m_attention`. We feed a
+# window of `L` tokens to the model and
 # capture, for every layer and head, the weights, the queries and the keys (after rotary position
 # embeddings, exactly what enters the dot products) and the model's scaling: it computes
 # $\operatorname{softmax}(q^\top k\cdot\text{scaling})$, so its temperature is $T=1/\text{scaling}$.
@@ -333,12 +336,12 @@ figures.glue_figure("fig_ch1_escape", vanishing.plot_escape(escape))
 
 # %%
 session = Session.open(p)
-captured = session.capture(what=("weights", "q", "k"))  # (layers, heads, L, L) weights; (layers, heads, L, d) q, k
 table(pd.Series(session.summary()).rename_axis("model and window").reset_index(name="value"))
 
 # %% [markdown]
-# For each layer we apply `theory.corollary1_bounds` to every row with the causal mask, so that
-# $\Delta_t=\|q_t\|\max_{j\le t}\|k_j\|$ and the row length is $t$, and compare every captured weight
+# For each layer we apply `theory.corollary1_bounds` to every row with the keys it sees (the causal mask, or
+# every key of an encoder's window), so that $\Delta_t=\|q_t\|\max_j\|k_j\|$ over those keys (on a causal
+# model $j\le t$) and the row length is $t$, and compare every captured weight
 # with its row's bounds. The weights were computed by the model in its own precision (float32 here),
 # so a weight counts as a violation only if it exceeds the upper bound by more than a relative
 # {glue:text}`model_rtol` or falls below the lower bound by more than that plus the smallest normal float32 number
@@ -350,7 +353,8 @@ table(pd.Series(session.summary()).rename_axis("model and window").reset_index(n
 # last row of the first five heads, one column per head.
 
 # %%
-check = vanishing.model_rows(captured)  # Corollary 1 on every weight; tidy per-row table in check.rows
+# Corollary 1 on every weight; tidy per-row table in check.rows; the window's weights, q and k in captured
+check, captured = vanishing.session_rows(session)
 table(vanishing.last_rows(check.rows).reset_index())
 
 # %% tags=["remove-cell"]
@@ -360,6 +364,7 @@ model_claim = claims.record("ch1-corollary1-model", model=session.name, causal=s
                             heads=captured.weights.shape[1], L=f3["m_L"], tight_upper=f3["m_tight_up"],
                             tight_lower=f3["m_tight_lo"])
 _ = glue_values({**f3, "model_name": session.name, "model_rtol": vanishing.MODEL_RTOL,
+                 "m_attention": "causal" if session.causal else "an encoder (bidirectional attention)",
                  "m_verdict": model_claim.verdict})
 
 # %% [markdown]

@@ -484,10 +484,12 @@ claims.record("ch2-cor2-synthetic", model="synthetic", failures=s["s_cor_fail"],
 # {ref}`sources-protocol`).
 #
 # We feed one window of `L` tokens to the model and capture every layer's weights and the chosen
-# per-head vectors. The model is causal, so the first $L'$ rows of the $L\times L$ attention matrix
+# per-head vectors. On a causal model the first $L'$ rows of the $L\times L$ attention matrix
 # are exactly the attention of the first $L'$ tokens: one capture serves every length, and row $t$
-# (counting from 0) sees $t+1$ keys. Rows that see at most $N$ keys have no non-selected token and are
-# skipped ({ref}`sources-protocol`). The model computes in float32, so a captured row sums to one only up to
+# (counting from 0) sees $t+1$ keys. On an encoder every row sees the whole window and its weights change
+# with it, so panels (a) and (c) read a window of $L'$ tokens of their own for each length $L'$ (one forward
+# pass each, every row seeing $L'$ keys). {glue:text}`ch2_model` is {glue:text}`m_attention`. Rows that see at
+# most $N$ keys have no non-selected token and are skipped ({ref}`sources-protocol`). The model computes in float32, so a captured row sums to one only up to
 # {glue:text}`m_rowsum_dev` here; we renormalize every row in float64 before measuring (a relative
 # change of that order). `distance.capture` does the capture and
 # measures that deviation.
@@ -519,8 +521,9 @@ table(pd.Series(session.summary()).rename_axis("model and window").reset_index(n
 
 # %%
 options = dict(reading=distance_reading, rows_per_octave=rows_per_octave)
-fig2 = distance.figure2(weights, x, N=N, lengths=p.lengths, Ns=p.Ns, alpha=ks_alpha, **options)
-row_check = distance.row_bound_check(weights, x, sorted({N, *p.Ns}), **options)
+windows = None if session.causal else distance.encoder_windows(session, vectors)  # an encoder: a window per length
+fig2 = distance.figure2(weights, x, N=N, lengths=p.lengths, Ns=p.Ns, alpha=ks_alpha, windows=windows, **options)
+row_check = distance.row_bound_check(weights, x, sorted({N, *p.Ns}), causal=session.causal, **options)
 table(fig2.critical)
 
 # %% [markdown]
@@ -532,7 +535,8 @@ table(fig2.critical)
 # largest over heads.
 
 # %%
-checks, sampling_error = distance.sampling_checks(weights, x, N=N, lengths=p.lengths, alpha=ks_alpha, **options)
+checks, sampling_error = distance.sampling_checks(weights, x, N=N, lengths=p.lengths, alpha=ks_alpha,
+                                                  causal=session.causal, **options)
 table(sampling_error, index=True)
 
 # %% [markdown]

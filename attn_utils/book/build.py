@@ -86,7 +86,7 @@ def execute_notebook(src: Path, out: Path, p: Parameters, *, run_dir: Path | Non
         env = {runlog.NOTEBOOK_ENV: src.stem, PARAMETERS_ENV: str(checked),
                runlog.MODEL_ENV: p.model_name if "model" in p else "",
                runlog.VARIANT_ENV: "1" if p.facts.get("variant") else "",
-               **({runlog.RUN_DIR_ENV: str(run_dir)} if run_dir is not None else {})}
+               **({runlog.RUN_DIR_ENV: str(Path(run_dir).resolve())} if run_dir is not None else {})}
         nb_in = Path(tmp) / f"{src.stem}.ipynb"
         nbformat.write(nb, nb_in)
         start = time.perf_counter()

@@ -142,7 +142,6 @@ class ClaimSpec:
     rule: Rule
     note: str = ""
     headline: bool = False    # one of the paper's headline claims, shown on the book's first page
-    causal_only: str = ""     # why the claim is not comparable on an encoder (its measurement reads causal rows)
 
 
 @functools.cache
@@ -153,14 +152,13 @@ def specs(folder: Path = LEDGER_DIR) -> dict[str, ClaimSpec]:
         for key, entry in (yaml.safe_load(path.read_text()) or {}).items():
             if key in found:
                 raise ValueError(f"claim {key!r} is stated twice ({path.name} and {found[key].chapter}.yml)")
-            unknown = set(entry) - {"claim", "paper", "ours", "rule", "note", "headline", "causal_only"}
+            unknown = set(entry) - {"claim", "paper", "ours", "rule", "note", "headline"}
             if unknown or not {"claim", "paper", "ours", "rule"} <= set(entry):
                 raise ValueError(f"{path.name}: claim {key!r} needs claim, paper, ours and rule (and may have note, "
                                  f"headline); got {sorted(entry)}")
             found[key] = ClaimSpec(key=key, chapter=path.stem, claim=entry["claim"], paper=entry["paper"],
                                    ours=entry["ours"], rule=Rule.parse(entry["rule"]), note=entry.get("note", ""),
-                                   headline=bool(entry.get("headline", False)),
-                                   causal_only=entry.get("causal_only", ""))
+                                   headline=bool(entry.get("headline", False)))
     return found
 
 
@@ -188,18 +186,11 @@ class Claim:
 
 
 def judge(key: str, *, model: str, **values: Any) -> Claim:
-    """The ledger row of claim ``key`` for the measured ``values`` (its rule gives the verdict). A claim whose
-    measurement reads causal rows (its ``causal_only`` says why) is ``not comparable`` on an encoder (``causal``
-    False among the values), whatever was measured."""
+    """The ledger row of claim ``key`` for the measured ``values`` (its rule gives the verdict)."""
     known = specs()
     if key not in known:
         raise ValueError(f"unknown claim {key!r}; claims are stated in {LEDGER_DIR}/<chapter>.yml")
     spec = known[key]
-    if spec.causal_only and values.get("causal", True) is False:
-        return Claim(key=key, chapter=spec.chapter, claim=spec.claim, paper=spec.paper,
-                     ours=f"not measured on an encoder: {spec.causal_only}", verdict="not comparable", model=model,
-                     rule=f"not comparable on an encoder; otherwise {spec.rule}", note=spec.note,
-                     values={"causal": False})
     try:
         ours = _Template().format(spec.ours, **values)
     except KeyError as err:
@@ -235,3 +226,9 @@ def load(folder: Path | None = None) -> pd.DataFrame:
     columns = [*Claim.__dataclass_fields__, "notebook"]
     return pd.DataFrame(runlog.read("claims", folder), columns=columns).sort_values(["chapter", "key"],
                                                                                   ignore_index=True)
+
+
+def depend_on_model(verdicts: Mapping[str, Mapping[str, str]], models: Sequence[str]) -> list[str]:
+    """The claims of ``verdicts`` (key -> model -> verdict) whose verdict is not the same on every model of
+    ``models``; a model on which a claim was not recorded counts as another verdict. One model: none."""
+    return [key for key, per in verdicts.items() if len({per.get(m) for m in models}) > 1]

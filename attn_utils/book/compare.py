@@ -18,14 +18,35 @@ import nbformat
 
 from attn_utils.book import claims, runlog
 
-#: the figures of each chapter shown once per model (glued names; the first model's is the one in the chapter)
+#: the figures of each chapter shown once per model (glued names; the first model's is the one in the chapter), each
+#: with what it draws: the caption's title and the alt text's description (the model's name is added to both)
 FIGURES = {
-    "ch0_setting": ["fig_ch0_heatmaps"],
-    "ch1_vanishing": ["fig_ch1_decay"],
-    "ch2_distance": ["fig_ch2_figure2ab", "fig_ch2_figure2c"],
-    "ch3_separability": ["fig_ch3_figure3"],
-    "ch4_gradient": ["fig_ch4_figure4"],
-    "ch6_beyond": ["fig_ch6_long_context", "fig_ch6_coverage"],
+    "ch0_setting": {"fig_ch0_heatmaps": (
+        "Attention weights of four heads of the first layer",
+        "Four heat maps of attention weights, query position against key position, one per head of the first layer")},
+    "ch1_vanishing": {"fig_ch1_decay": (
+        "Largest attention weights against the row length",
+        "Log-log plot of the largest attention weights of a row against the number of keys the row sees")},
+    "ch2_distance": {
+        "fig_ch2_figure2ab": (
+            "Figure 2 (a, b): distance, main sum and bound against L and N",
+            "Two log-log panels of the true distance, the main sum and the bound, against the length and against N"),
+        "fig_ch2_figure2c": (
+            "Figure 2 (c): the critical N of the KS test against the length",
+            "Log-log plot of the critical N of the Kolmogorov-Smirnov test against the window length")},
+    "ch3_separability": {"fig_ch3_figure3": (
+        "Figure 3: the separability fraction against N",
+        "Box plots of the per-head separability fraction against the top-N size with the two bounds")},
+    "ch4_gradient": {"fig_ch4_figure4": (
+        "Figure 4: the gradient norm against the temperature",
+        "Log-log plot of the measured gradient norm against the temperature, one line per perturbation size")},
+    "ch6_beyond": {
+        "fig_ch6_long_context": (
+            "Distance and separability in longer windows",
+            "Two panels: the cumulative distance against the window length and the separability fraction against N"),
+        "fig_ch6_coverage": (
+            "Coverage of the heads' selections and their pairwise correlation",
+            "Two panels against N: the observed and predicted coverage of the heads, and box plots of phi")},
 }
 _MIMES = {"image/svg+xml": "svg", "image/png": "png"}
 
@@ -60,11 +81,6 @@ def by_model(records: list[dict[str, Any]], chapter: str, models: tuple[str, ...
     return {k: rows[k] for k in order if k in rows}
 
 
-def differ(rows: dict[str, dict[str, dict]], models: tuple[str, ...]) -> list[str]:
-    """The claims whose verdict is not the same on every model (a model without the claim counts as differing)."""
-    return [k for k, per in rows.items() if len({per[m]["verdict"] if m in per else None for m in models}) > 1]
-
-
 def _badge(verdict: str) -> str:
     return f'<span class="verdict verdict-{verdict.replace(" ", "-")}">{html.escape(verdict)}</span>'
 
@@ -94,7 +110,8 @@ def section(chapter: str, models: tuple[str, ...], records: list[dict[str, Any]]
                 "(`make book PARAMS=\"models=[smollm2-135m,gemma3-270m,minilm-l6]\"`, the default), this section "
                 "shows each claim of the chapter on every model.\n")
     rows = by_model(records, chapter, models)
-    changed = differ(rows, models)
+    changed = claims.depend_on_model({k: {m: r["verdict"] for m, r in per.items()} for k, per in rows.items()},
+                                     models)
     said = (f"Of the chapter's {len(rows)} claims measured on a model, "
             + ("every one has the same verdict on every model." if not changed else
                f"{len(rows) - len(changed)} have the same verdict on every model and {len(changed)} depend on it: "
@@ -111,14 +128,15 @@ def section(chapter: str, models: tuple[str, ...], records: list[dict[str, Any]]
             and all(per[m]["verdict"] == "not comparable" for per in rows.values() if m in per)]
     if idle:
         parts += [f"No figure is shown for {', '.join(idle)}: no claim of this chapter is comparable there.", ""]
-    for name in FIGURES.get(chapter, []):
+    for name, (title, alt) in FIGURES.get(chapter, {}).items():
         shown = [(m, figures[m][name]) for m in models if name in figures.get(m, {}) and m not in idle]
         if not shown:
             continue
-        parts += ["::::{grid} 1 1 2 2", ""]
+        parts += [":::::{grid} 1 1 2 2", ""]
         for m, path in shown:
-            parts += [":::{grid-item}", f"![{name} measured on {m}]({path})", "", f"*{m}*", ":::", ""]
-        parts += ["::::", ""]
+            parts += ["::::{grid-item}", f":::{{figure}} {path}", f":alt: {alt}, measured on {m}", "",
+                      f"{title}, measured on {m}.", ":::", "::::", ""]
+        parts += [":::::", ""]
     return "\n".join(parts)
 
 
@@ -132,7 +150,7 @@ def write_section(chapter: str, models: tuple[str, ...], staging: Path, run_dir:
         safe = m.replace("/", "_")
         notebook = (staging / "notebooks" / f"{chapter}.ipynb" if i == 0
                     else staging / "_variants" / f"{chapter}--{safe}.ipynb")
-        for name, (suffix, data) in glued_figures(notebook, FIGURES.get(chapter, [])).items():
+        for name, (suffix, data) in glued_figures(notebook, list(FIGURES.get(chapter, {}))).items():
             (folder / f"{safe}--{name}.{suffix}").write_bytes(data)
             figures.setdefault(m, {})[name] = f"../_models/{chapter}/{safe}--{name}.{suffix}"
     path = staging / "_models" / f"{chapter}.md"

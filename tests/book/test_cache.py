@@ -86,7 +86,7 @@ def test_second_build_restores_prose_edit_shows_and_changes_execute(book, tmp_pa
     assert executions == ["tiny"] and second.executions["tiny"].cached
     assert _answer(out) == answer and _claims(second) == claims_first
     assert second.executions["tiny"].seconds == first.executions["tiny"].seconds
-    assert "tiny.py from cache (executed " in capsys.readouterr().out
+    assert "[1/1] tiny from cache (executed " in capsys.readouterr().out
     status = (out / "notebooks" / "tiny.html").read_text()  # the page exists; the status record says what happened
     assert status and json.loads((second.records / "status" / "executions.json").read_text())["tiny"]["cached"]
     # a prose edit: shows up, executes nothing
@@ -200,3 +200,11 @@ def test_no_cache_flag_reaches_the_build(monkeypatch, tmp_path):
     assert seen["reuse"] is False
     assert cli.main(["book", "--out", str(tmp_path / "html")]) == 0
     assert seen["reuse"] is True
+
+
+def test_a_relative_out_folder_holds_the_records_too(book, tmp_path, monkeypatch):
+    """The kernel runs in the notebook's folder: a relative run folder must reach it resolved."""
+    monkeypatch.chdir(tmp_path)
+    out = sweep.run_one(book / "notebooks" / "tiny.py", {"N": 2}, Path("runs"), progress=False,
+                        cache=cache.Cache(tmp_path / "cache"))
+    assert runlog.read("claims", tmp_path / out.parent) and not (book / "notebooks" / "runs").exists()

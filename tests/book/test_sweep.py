@@ -100,8 +100,8 @@ def _check_table(table: pd.DataFrame, src: Path, runs: Path, values: list[float]
             continue
         assert sorted(rows["claim"]) == CLAIMS
         for key in CLAIMS:
-            recorded = json.loads((folder / "claims" / f"{key}.json").read_text())
             (row,) = rows[rows["claim"] == key].to_dict("records")
+            recorded = json.loads((folder / "claims" / f"{key}--{row['measured_on']}.json").read_text())
             assert row["verdict"] == recorded["verdict"] and row["measured_on"] == "synthetic"
             assert {k: row[f"value_{k}"] for k in recorded["values"]} == pytest.approx(recorded["values"], rel=1e-12)
             assert row["seconds"] == pytest.approx(status["seconds"]) and row["worker"] == status["worker"]

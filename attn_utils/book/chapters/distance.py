@@ -390,7 +390,8 @@ def capture(session, vectors: str) -> tuple[torch.Tensor, torch.Tensor, dict]:
     weights, x = captured.weights, session.vectors(captured, vectors)
     n_layers, n_heads, L = weights.shape[:3]
     deviation = max(float((weights[layer].to(F64).sum(-1) - 1).abs().max()) for layer in range(n_layers))
-    return weights, x, {"ch2_model": session.name, "m_L": L, "m_rowsum_dev": deviation,
+    attention = "causal" if session.causal else "an encoder (bidirectional attention)"
+    return weights, x, {"ch2_model": session.name, "m_L": L, "m_rowsum_dev": deviation, "m_attention": attention,
                         "m_heads": f"{n_layers} layers x {n_heads} heads = {n_layers * n_heads} heads",
                         "m_vectors": f"{vectors} vectors"}
 
@@ -416,24 +417,59 @@ class Figure2:
     rows: int
 
 
-def figure2(weights, x, *, N: int, lengths, Ns, alpha: float, reading: str, rows_per_octave) -> Figure2:
+def encoder_windows(session, vectors: str):
+    """On an encoder, whose every row depends on the whole window: a function of a length n that captures a window of
+    n tokens (one forward pass, :meth:`Session.window`) and returns its weights and per-head ``vectors``; the
+    session's own window serves its length without a new pass."""
+    def window(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        s = session if n == session.L else session.window(n)
+        captured = s.capture(what=("weights", VECTOR_FIELD[vectors]))
+        return captured.weights, s.vectors(captured, vectors)
+    return window
+
+
+def _renormalised(weights: torch.Tensor) -> torch.Tensor:
+    return (weights.to(F64) / weights.to(F64).sum(-1, keepdim=True)).to(weights.dtype)
+
+
+def _all_keys(weights: torch.Tensor) -> torch.Tensor:
+    L = weights.shape[-1]
+    return torch.ones(L, L, dtype=torch.bool, device=weights.device)
+
+
+def figure2(weights, x, *, N: int, lengths, Ns, alpha: float, reading: str, rows_per_octave,
+            windows=None) -> Figure2:
     """Algorithms 1-3 (``attn_utils.mathematics.algorithms``) on the captured attention, with the query rows
     sampled ``rows_per_octave`` per octave of positions (None: every row); the critical N uses the grid of
-    :func:`critical_grid` at each length and level ``alpha``. Their wall times go to the run record under the
-    names of :data:`TIMED` (see :func:`run_seconds`)."""
+    :func:`critical_grid` at each length and level ``alpha``. On a causal model the leading L' x L' block of the
+    window is the attention of its first L' tokens, so one capture serves every length; on an encoder
+    (``windows``, :func:`encoder_windows`) Algorithms 1 and 3 read one window per length, every row seeing all its
+    keys. Their wall times go to the run record under the names of :data:`TIMED` (see :func:`run_seconds`)."""
     L = weights.shape[-1]
     options = dict(reading=reading, rows_per_octave=rows_per_octave, progress=False)
+    if windows is None:
+        per_length = [(weights, x, list(lengths), None)]
+    else:
+        per_length = ((*windows(n), [n], "all") for n in lengths)
+    by_length, results = [], []
+    for w, xs, ns, mask in per_length:
+        mask = None if mask is None else _all_keys(w)
+        with runlog.timing(TIMED[0]):
+            by_length.append(algorithms.distance_vs_length(w, xs, N=N, lengths=ns, mask=mask, **options))
+        with runlog.timing(TIMED[1]):
+            results.append(algorithms.critical_n(w, xs, ns, critical_grid, alpha=alpha, mask=mask, **options))
+        del w, xs
     with runlog.timing(TIMED[0]):
-        by_length = algorithms.distance_vs_length(weights, x, N=N, lengths=lengths, **options)
-        by_n = algorithms.distance_vs_n(weights, x, Ns=Ns, **options)
-    with runlog.timing(TIMED[1]):
-        result = algorithms.critical_n(weights, x, lengths, critical_grid, alpha=alpha, **options)
-    critical = result.summary.rename(columns={"critical_n": "critical N", "critical_fraction": "critical N / L"})
-    tests = result.tests.merge(critical[["L", "critical N"]], on="L")
+        by_n = algorithms.distance_vs_n(weights, x, Ns=Ns, mask=None if windows is None else _all_keys(weights),
+                                        **options)
+    summary = pd.concat([r.summary for r in results], ignore_index=True)
+    critical = summary.rename(columns={"critical_n": "critical N", "critical_fraction": "critical N / L"})
+    tests = pd.concat([r.tests for r in results], ignore_index=True).merge(critical[["L", "critical N"]], on="L")
     scanned = (tests["critical N"] < 0) | (tests["N"] <= tests["critical N"])
     tests = tests[scanned].drop(columns="critical N").reset_index(drop=True)
     tests.insert(2, "N / L", tests["N"] / tests["L"])
-    return Figure2(by_length, by_n, tests, critical, len(algorithms.sample_rows(L, rows_per_octave)[0]))
+    return Figure2(pd.concat(by_length, ignore_index=True), by_n, tests, critical,
+                   len(algorithms.sample_rows(L, rows_per_octave)[0]))
 
 
 def run_seconds() -> float:
@@ -443,24 +479,24 @@ def run_seconds() -> float:
                if r["notebook"] == runlog.notebook() and r["algorithm"] in TIMED)
 
 
-def row_bound_check(weights, x, Ns, *, reading: str, rows_per_octave) -> dict:
+def row_bound_check(weights, x, Ns, *, reading: str, rows_per_octave, causal: bool = True) -> dict:
     """Theorem 1 (fixed set) row by row (:func:`attn_utils.mathematics.algorithms.theorem1_row_check`): for every N
     of ``Ns`` and every sampled query row of every head at the full length that sees more than N keys (rows
-    renormalised in float64, causal mask), whether d~ exceeds the bound by more than a relative TOL. Returns the
-    rows checked, the violations and the largest d~ / bound."""
+    renormalised in float64; the causal mask, or on an encoder (``causal=False``) every key), whether d~ exceeds the
+    bound by more than a relative TOL. Returns the rows checked, the violations and the largest d~ / bound."""
     return algorithms.theorem1_row_check(weights, x, Ns, tol=TOL, reading=reading, rows_per_octave=rows_per_octave,
-                                         progress=False)
+                                         mask=None if causal else _all_keys(weights), progress=False)
 
 
-def sampling_checks(weights, x, *, N: int, lengths, alpha: float, reading: str, rows_per_octave
-                    ) -> tuple[dict, pd.DataFrame]:
+def sampling_checks(weights, x, *, N: int, lengths, alpha: float, reading: str, rows_per_octave,
+                    causal: bool = True) -> tuple[dict, pd.DataFrame]:
     """How a sample of K query rows per octave compares with every row, K = ``rows_per_octave`` (the run's own
     sample) or, when the run evaluates every row (None), :data:`QUICK_ROWS_PER_OCTAVE` (the sample a quicker run
     would take). On the lengths (<= 64) where the sample holds every row, the sampled Algorithms 1 and 3 must agree
     with the full ones (largest relative difference, and critical N equal); at the full length, the relative error
     of the sampled head means of Algorithm 2 at N on the first and last layers (median and largest over heads, and
-    the error of the mean over those heads). Returns these facts (``m_...`` names) and a table of the median and
-    largest relative error per quantity."""
+    the error of the mean over those heads); the causal mask, or on an encoder (``causal=False``) every key. Returns
+    these facts (``m_...`` names) and a table of the median and largest relative error per quantity."""
     k = rows_per_octave or QUICK_ROWS_PER_OCTAVE
     last, L = weights.shape[0] - 1, weights.shape[-1]
     full = [n for n in lengths if n <= min(64, 2 * k)]
@@ -469,15 +505,24 @@ def sampling_checks(weights, x, *, N: int, lengths, alpha: float, reading: str, 
              "m_check_agreement": "not applicable", "m_crit_check": "0 of 0", "m_sample_k": k,
              "m_sample_rows": rows, "m_sample_share": 100 * rows / L}
     if full:
-        short = (weights[:, :, : full[-1], : full[-1]], x[:, :, : full[-1]])
-        sampled, every = (algorithms.distance_vs_length(*short, N=N, lengths=full, reading=reading, progress=False,
-                                                        rows_per_octave=r) for r in (k, None))
-        facts["m_check_agreement"] = max(float(((sampled[c] - every[c]) / every[c]).abs().max()) for c in QUANTITIES)
-        crit = [algorithms.critical_n(*short, full, critical_grid, alpha=alpha, reading=reading, progress=False,
-                                      rows_per_octave=r).summary["critical_n"].tolist() for r in (k, None)]
-        facts["m_crit_check"] = f"{sum(a == b for a, b in zip(*crit))} of {len(full)}"
+        if causal:  # the leading block of a causal window holds every shorter length
+            blocks = [(full, weights[:, :, : full[-1], : full[-1]], x[:, :, : full[-1]], None)]
+        else:  # on an encoder each length's leading block, its rows renormalised (a row-stochastic matrix to sample)
+            blocks = [([n], _renormalised(weights[:, :, :n, :n]), x[:, :, :n], _all_keys(weights[:, :, :n, :n]))
+                      for n in full]
+        agreement, same = 0.0, 0
+        for ns, w, xs, mask in blocks:
+            options = dict(reading=reading, progress=False, mask=mask)
+            sampled, every = (algorithms.distance_vs_length(w, xs, N=N, lengths=ns, rows_per_octave=r, **options)
+                              for r in (k, None))
+            agreement = max(agreement, *(float(((sampled[c] - every[c]) / every[c]).abs().max()) for c in QUANTITIES))
+            crit = [algorithms.critical_n(w, xs, ns, critical_grid, alpha=alpha, rows_per_octave=r, **options)
+                    .summary["critical_n"].tolist() for r in (k, None)]
+            same += sum(a == b for a, b in zip(*crit))
+        facts["m_check_agreement"], facts["m_crit_check"] = agreement, f"{same} of {len(full)}"
     two = (weights[[0, last]], x[[0, last]])
-    sampled, every = (algorithms.distance_vs_n(*two, Ns=[N], reading=reading, progress=False, rows_per_octave=r)
+    sampled, every = (algorithms.distance_vs_n(*two, Ns=[N], reading=reading, progress=False, rows_per_octave=r,
+                                                mask=None if causal else _all_keys(weights))
                       for r in (k, None))
     error = pd.DataFrame({c: ((sampled[c] - every[c]) / every[c]).abs() for c in QUANTITIES})
     facts.update({"m_sample_med": 100 * float(error.median().max()), "m_sample_max": 100 * float(error.max().max()),

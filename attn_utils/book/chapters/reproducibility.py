@@ -40,11 +40,11 @@ def models(rows: pd.DataFrame | None = None) -> tuple[str, ...]:
 
 
 def depends(rows: pd.DataFrame, measured: tuple[str, ...]) -> list[str]:
-    """The claims measured on a model whose verdict is not the same on every model of ``measured`` (a model on which
-    the claim was not recorded counts as a different verdict)."""
+    """The claims measured on a model whose verdict is not the same on every model of ``measured``
+    (:func:`attn_utils.book.claims.depend_on_model`)."""
     model_rows = rows[rows.model != claims.SYNTHETIC]
-    return [key for key, group in model_rows.groupby("key", sort=False)
-            if len(measured) > 1 and (group.verdict.nunique() > 1 or set(group.model) != set(measured))]
+    verdicts = {key: dict(zip(group.model, group.verdict)) for key, group in model_rows.groupby("key", sort=False)}
+    return claims.depend_on_model(verdicts, measured)
 
 
 def summary(rows: pd.DataFrame) -> dict:

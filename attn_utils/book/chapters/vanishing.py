@@ -286,16 +286,18 @@ class ModelCheck(NamedTuple):
     recon_error: float   # max |softmax(q k^T / T) - captured weight|: is T = 1/scaling the model's temperature?
 
 
-def model_rows(captured) -> ModelCheck:
+def model_rows(captured, visible: torch.Tensor | None = None) -> ModelCheck:
     """Check Corollary 1 on every weight of ``captured`` (weights, q and k, as the model computed them), row t
-    seeing the keys j <= t: Delta_t = ||q_t|| max_{j<=t} ||k_j||, bounds e^{-+2 Delta_t/T} / t, T = 1/scaling."""
+    seeing the keys of ``visible`` ((L, L) booleans; None: the causal prefix j <= t), n_t of them:
+    Delta_t = ||q_t|| max_{j seen} ||k_j||, bounds e^{-+2 Delta_t/T} / n_t, T = 1/scaling. The table's ``t`` is n_t."""
     n_layers, n_heads, L = captured.weights.shape[:3]
     device = captured.weights.device  # the analysis runs where the model ran
-    visible = normalizers.causal_mask(L, device=device)
+    visible = normalizers.causal_mask(L, device=device) if visible is None else visible.to(device)
     hidden = ~visible
     per_row = {name: torch.full((n_layers, n_heads, L), torch.nan, dtype=F64, device=device)
                for name in ("max weight", "min weight", "max weight, token 0 excluded", "mean top-5 weight",
                             "weight on token 0", "log10 spread", "lower", "upper")}
+    n_t = visible.sum(-1)
     n_violations, recon_error = 0, 0.0
     for layer in range(n_layers):
         T = float(captured.temperature[layer])
@@ -311,25 +313,46 @@ def model_rows(captured) -> ModelCheck:
             n_violations += int(((w[bad].to(F64) < low[bad].unsqueeze(-1)) & visible.expand_as(w)[bad]).sum())
         recomputed = torch.softmax((q @ k.mT).mul_(1 / T).masked_fill_(hidden, -torch.inf), dim=-1)
         recon_error = max(recon_error, float(recomputed.sub_(w).abs_().amax()))
-        delta = q.to(F64).norm(dim=-1) * torch.cummax(k.to(F64).norm(dim=-1), dim=-1).values
+        key_norms = k.to(F64).norm(dim=-1)  # (heads, L): the largest norm among the keys each row sees
+        delta = q.to(F64).norm(dim=-1) * key_norms[:, None, :].masked_fill(hidden, 0).amax(-1)
         per_row["log10 spread"][layer] = 2 * delta / T / math.log(10)  # log10 of e^{2 Delta / T}
         per_row["lower"][layer], per_row["upper"][layer] = lower, upper
         per_row["max weight"][layer], per_row["min weight"][layer] = row_max, row_min
         per_row["weight on token 0"][layer] = w[..., 0]
-        if L > 1:
-            per_row["max weight, token 0 excluded"][layer, :, 1:] = w[:, 1:, 1:].amax(-1)
-        if L >= 5:
-            per_row["mean top-5 weight"][layer, :, 4:] = torch.topk(w[:, 4:], 5, dim=-1).values.mean(-1)
+        more = n_t > 1  # rows that see a key besides token 0 (every key they see but token 0 comes after it)
+        per_row["max weight, token 0 excluded"][layer, :, more] = w[:, more, 1:].amax(-1).to(F64)
+        five = n_t >= 5
+        if five.any():
+            per_row["mean top-5 weight"][layer, :, five] = torch.topk(w[:, five], 5, dim=-1).values.mean(-1).to(F64)
     rows = pd.DataFrame({name: v.flatten().cpu().numpy() for name, v in per_row.items()})
     rows["layer"] = np.repeat(np.arange(n_layers), n_heads * L)
     rows["head"] = np.tile(np.repeat(np.arange(n_heads), L), n_layers)
-    rows["t"] = np.tile(np.arange(1, L + 1), n_layers * n_heads)
-    return ModelCheck(rows, n_violations, n_layers * n_heads * L * (L + 1) // 2, recon_error)
+    rows["t"] = np.tile(n_t.cpu().numpy(), n_layers * n_heads)
+    return ModelCheck(rows, n_violations, n_layers * n_heads * int(n_t.sum()), recon_error)
+
+
+#: the window lengths an encoder reads for the decay of its rows (one forward pass each), besides its window's L
+ENCODER_LENGTHS = (4, 8, 16, 32, 64, 128, 256)
+
+
+def session_rows(session, what=("weights", "q", "k")):
+    """Corollary 1 on every row (:func:`model_rows`) and the capture of the session's window. On a causal model one
+    window holds every row length t <= L; on an encoder every row sees the whole window, so it reads a window of each
+    length of :data:`ENCODER_LENGTHS` below L besides its own (one forward pass each), and the table holds the rows
+    of every window (t: that window's length)."""
+    captured = session.capture(what=what)
+    if session.causal:
+        return model_rows(captured), captured
+    checks = [model_rows(session.window(n).capture(what=what), torch.ones(n, n, dtype=torch.bool))
+              for n in ENCODER_LENGTHS if n < session.L]
+    checks.append(model_rows(captured, session.visible()))
+    return ModelCheck(pd.concat([c.rows for c in checks], ignore_index=True), sum(c.violations for c in checks),
+                      sum(c.weights for c in checks), max(c.recon_error for c in checks)), captured
 
 
 def last_rows(rows: pd.DataFrame, n: int = 5) -> pd.DataFrame:
     """The per-row quantities of the longest row (t = L) of the first ``n`` heads, one column per head, for reading."""
-    last = rows[rows.t == rows.t.max()].head(n)
+    last = rows[rows.t == rows.t.max()].groupby(["layer", "head"]).tail(1).head(n)  # an encoder's: its last row
     shown = last.drop(columns=["layer", "head", "t"]).T
     shown.columns = [f"layer {r.layer}, head {r.head}" for r in last.itertuples()]
     return shown.rename_axis(f"row t = {int(rows.t.max())}")

@@ -172,6 +172,54 @@ def test_sampling_checks(attention):
     assert facts["m_sample_k"] == 4 and facts["m_sample_share"] == pytest.approx(100 * facts["m_sample_rows"] / 24)
 
 
+def encoder_window(n, seed=0):
+    """A bidirectional attention window of n tokens (every row sees every key), float32 like a capture; its values
+    depend on n (as an encoder's do on the whole window)."""
+    g = generator(100 + n + seed)
+    w = torch.softmax(2 * torch.randn(2, 3, n, n, generator=g, dtype=F64), -1)
+    return w.float(), torch.randn(2, 3, n, 4, generator=g, dtype=F64).float()
+
+
+def _loop_mean(w, x, n_top):
+    """Per head, the mean over every row of d~ (all keys visible): the slow reference for an encoder's window."""
+    means = {}
+    for layer, head in itertools.product(range(w.shape[0]), range(w.shape[1])):
+        values = []
+        for t in range(w.shape[2]):
+            row = w[layer, head, t].double().numpy()
+            row, vis = row / row.sum(), np.ones(len(row), dtype=bool)
+            xs = x[layer, head].double().numpy()
+            values.append(ref.cumulative_distance(row, xs, ref.top_n(row, vis, n_top), vis))
+        means[layer, head] = np.mean(values)
+    return means
+
+
+def test_figure2_on_an_encoder_reads_one_window_per_length(run_dir):
+    asked = []
+
+    def windows(n):
+        asked.append(n)
+        return encoder_window(n)
+
+    weights, x = encoder_window(24)
+    options = dict(reading="sum_of_norms", rows_per_octave=None)
+    fig2 = distance.figure2(weights, x, N=3, lengths=[8, 16, 24], Ns=[1, 3, 9], alpha=0.01, windows=windows,
+                            **options)
+    assert asked == [8, 16, 24]
+    for n in (8, 16):  # each length is its own window, every row of it seeing all n keys
+        got = fig2.by_length[fig2.by_length.L == n].set_index(["layer", "head"])["distance"]
+        want = _loop_mean(*encoder_window(n), 3)
+        assert got.to_dict() == pytest.approx(want, rel=1e-9)
+    by_n = fig2.by_n[fig2.by_n.N == 9].set_index(["layer", "head"])["distance"]
+    assert by_n.to_dict() == pytest.approx(_loop_mean(weights, x, 9), rel=1e-9)
+    assert set(fig2.critical["L"]) == {8, 16, 24}
+    check = distance.row_bound_check(weights, x, [1, 3, 9], causal=False, **options)
+    assert check["checked"] == 2 * 3 * 24 * 3 and check["violations"] == 0
+    facts, _ = distance.sampling_checks(weights, x, N=3, lengths=[8, 16, 24], alpha=0.01, causal=False,
+                                        reading="sum_of_norms", rows_per_octave=4)
+    assert facts["m_check_lengths"] == [8] and facts["m_check_agreement"] < 1e-12 and facts["m_crit_check"] == "1 of 1"
+
+
 # --- Figure 2 on a tiny GPT-2 -----------------------------------------------------------------------------------------
 
 

@@ -194,6 +194,36 @@ def test_model_rows_agree_with_a_slow_loop(tiny):
     assert last.loc["max weight"].tolist() == check.rows[check.rows.t == L].head(3)["max weight"].tolist()
 
 
+def test_model_rows_of_an_encoder_see_every_key():
+    """Bidirectional rows: t is the number of keys a row sees (all L), Delta takes the largest key norm of all."""
+    L, g = 7, gen()
+    q, k = torch.randn(2, 3, L, 4, generator=g), torch.randn(2, 3, L, 4, generator=g)
+    w = torch.softmax(q @ k.mT, -1)
+    cap = SimpleNamespace(weights=w, q=q, k=k, temperature=torch.ones(2))
+    check = V.model_rows(cap, torch.ones(L, L, dtype=torch.bool))
+    assert check.violations == 0 and check.weights == 2 * 3 * L * L and check.recon_error < 1e-6
+    assert (check.rows.t == L).all()
+    rows = check.rows.set_index(["layer", "head"]).loc[(1, 2)]
+    for t in range(L):
+        row, delta = w[1, 2, t].double(), float(q[1, 2, t].double().norm() * k[1, 2].double().norm(dim=-1).max())
+        got = rows.iloc[t]
+        assert got["upper"] == pytest.approx(math.exp(2 * delta) / L, rel=1e-9)
+        assert got["max weight, token 0 excluded"] == pytest.approx(float(row[1:].max()), rel=1e-7)
+        assert got["mean top-5 weight"] == pytest.approx(float(row.sort(descending=True).values[:5].mean()), rel=1e-6)
+    assert V.last_rows(check.rows, n=2).columns.tolist() == ["layer 0, head 0", "layer 0, head 1"]
+
+
+def test_session_rows_of_an_encoder_read_a_window_per_length():
+    from attn_utils.book.session import Session
+
+    session = Session.open(model="minilm-l6", L=20)
+    check, captured = V.session_rows(session)
+    heads = 6 * 12
+    assert check.rows.groupby("t").size().to_dict() == {n: heads * n for n in (4, 8, 16, 20)}
+    assert captured.weights.shape[-1] == 20 and check.violations == 0 and check.recon_error < 1e-5
+    assert check.weights == heads * sum(n * n for n in (4, 8, 16, 20))
+
+
 # --- the decay fits ---------------------------------------------------------------------------------------
 
 
