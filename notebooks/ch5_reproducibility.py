@@ -68,6 +68,7 @@ glue_values({**repro.summary(ledger), **repro.windows_summary(ledger, across),
              "depend_list": "; ".join(ledger[ledger.key == k].claim.iloc[0] for k in depend) or "none"})
 glue("glance", HTML(repro.glance(ledger)), display=False)  # the first page's "results at a glance"
 glue("models_text", repro.described(), display=False)  # the first page's list of models
+glue("models_chosen", repro.chosen(), display=False)  # and how they were chosen
 
 # %% [markdown]
 # ## The claims ledger

@@ -29,16 +29,16 @@ FIGURES = {
         "Log-log plot of the largest attention weights of a row against the number of keys the row sees")},
     "ch2_distance": {
         "fig_ch2_figure2ab": (
-            "Figure 2 (a, b): distance, main sum and bound against L and N",
+            "The paper's Figure 2 (a, b): distance, main sum and bound against L and N",
             "Two log-log panels of the true distance, the main sum and the bound, against the length and against N"),
         "fig_ch2_figure2c": (
-            "Figure 2 (c): the critical N of the KS test against the length",
+            "The paper's Figure 2 (c): the critical N of the KS test against the length",
             "Log-log plot of the critical N of the Kolmogorov-Smirnov test against the window length")},
     "ch3_separability": {"fig_ch3_figure3": (
-        "Figure 3: the separability fraction against N",
+        "The paper's Figure 3: the separability fraction against N",
         "Box plots of the per-head separability fraction against the top-N size with the two bounds")},
     "ch4_gradient": {"fig_ch4_figure4": (
-        "Figure 4: the gradient norm against the temperature",
+        "The paper's Figure 4: the gradient norm against the temperature",
         "Log-log plot of the measured gradient norm against the temperature, one line per perturbation size")},
     "ch6_beyond": {
         "fig_ch6_long_context": (

@@ -5,6 +5,7 @@ selenium and skip with a message when Chromium is not installed (CI installs it)
 """
 from __future__ import annotations
 
+import html
 import json
 import re
 import shutil
@@ -107,6 +108,7 @@ def test_every_model_is_shown_in_the_chapters_and_the_ledger(built_book):
     assert f">{SMALL['model']}</th>" in ledger and f">{SECOND_MODEL}</th>" in ledger
     intro = (built_book.html / "book" / "intro.html").read_text()
     assert "same on every model?" in intro and "all-MiniLM-L6-v2" in intro
+    assert f"requested explicitly (models=['{SMALL['model']}', '{SECOND_MODEL}'])" in html.unescape(intro)
 
 
 def _browser():

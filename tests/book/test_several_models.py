@@ -186,3 +186,18 @@ def test_a_model_whose_claims_are_all_not_comparable_shows_no_figure(monkeypatch
     assert "No figure is shown for enc" in text and "{figure} a.svg" in text and "b.svg" not in text
     assert ":alt: A description of what the figure draws, measured on dec" in text
     assert "A title, measured on dec." in text
+
+
+@pytest.mark.parametrize("record, said", [
+    ({"given": {"models": "auto"}, "auto": ["smollm2-135m", "the hub is unreachable"]},
+     "could not be loaded on the machine that built this book (the hub is unreachable)"),
+    ({"given": {"models": "auto"}, "auto": ["gpt2", "found locally"]}, "GPT-2 small, the paper's own model, could be"),
+    ({"given": {"models": ["minilm-l6", "gemma3-270m"]}, "auto": None},
+     "requested explicitly (models=['minilm-l6', 'gemma3-270m'])"),
+    ({"given": {"model": "gemma3-270m"}, "auto": None}, "one model (model='gemma3-270m')"),
+])
+def test_the_first_page_says_how_the_models_were_chosen(tmp_path, monkeypatch, record, said):
+    monkeypatch.setenv(runlog.RUN_DIR_ENV, str(tmp_path))
+    assert repro.chosen() == "This run was not part of a book build."
+    runlog.write("build", "models", {"models": ["a"], **record})
+    assert said in repro.chosen()

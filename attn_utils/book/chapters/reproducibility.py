@@ -241,6 +241,23 @@ def glance(rows: pd.DataFrame, link_prefix: str = "../notebooks/") -> str:
             f'<tbody>{"".join(body)}</tbody></table></div>')
 
 
+def chosen() -> str:
+    """How the build's models were chosen, as plain sentences for the first page (the build's record)."""
+    found = runlog.read("build")
+    if not found:
+        return "This run was not part of a book build."
+    given, auto = found[0].get("given", {}), found[0].get("auto")
+    if "model" in given:
+        return f"The build was asked for one model (model='{given['model']}')."
+    if given.get("models", "auto") != "auto":
+        return f"They were requested explicitly (models={given['models']})."
+    if auto and auto[0] == "gpt2":
+        return "GPT-2 small, the paper's own model, could be loaded, so model 'auto' put it first."
+    why = f" ({auto[1]})" if auto else ""
+    return (f"GPT-2, the paper's model, could not be loaded on the machine that built this book{why}, so the build "
+            "measured the models that ship inside Python wheels.")
+
+
 def described() -> str:
     """The models of the build for the first page, one sentence: each name and what it is (its provenance)."""
     seen: dict[str, str] = {}
