@@ -140,12 +140,13 @@ def _build_root(spec: dict) -> None:
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=16m,mode=755")
     for link, target in spec["links"].items():
         os.symlink(target, root + link)
+    # the private /tmp first: a bound folder that lies under /tmp (a project cloned there) stays visible
+    os.makedirs(root + "/tmp", exist_ok=True)
+    _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={TMP_SIZE},mode=1777")
     for source in spec["binds"]:
         _bind(root, source)
     for path in spec["masks"]:
         _mask(root, path)
-    os.makedirs(root + "/tmp", exist_ok=True)
-    _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={TMP_SIZE},mode=1777")
     _bind(root, spec["work"], writable=True)
     os.makedirs(root + "/dev", exist_ok=True)
     _mount("tmpfs", root + "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=755")
