@@ -253,9 +253,8 @@ def chosen() -> str:
         return f"They were requested explicitly (models={given['models']})."
     if auto and auto[0] == "gpt2":
         return "GPT-2 small, the paper's own model, could be loaded, so model 'auto' put it first."
-    why = f" ({auto[1]})" if auto else ""
-    return (f"GPT-2, the paper's model, could not be loaded on the machine that built this book{why}, so the build "
-            "measured the models that ship inside Python wheels.")
+    return ("GPT-2, the paper's model, could not be loaded on the machine that built this book (the technical reason "
+            "is in each chapter's provenance table), so the build measured the models that ship inside Python wheels.")
 
 
 def described() -> str:
