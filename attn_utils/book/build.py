@@ -276,7 +276,6 @@ def build_book(parameters: dict[str, Any] | None = None, *, root: Path = ROOT, o
     facts: dict[tuple, Any] = {}  # models, tokenizers and texts read once for the whole preflight
     given = {k: parameters.pop(k) for k in ("models", "model") if k in parameters}
     models = book_models(given.get("models", "auto"), model=given.get("model"), cache=facts)
-    auto = facts.get(("auto",))  # (name, why) when model 'auto' was resolved: why GPT-2 was or was not taken
     own = {nb: {k: v for k, v in parameters.items() if k in declared[nb]} for nb in notebooks}
     for nb in notebooks:
         if "model" in declared[nb] and models[0] != declared[nb]["model"]:
@@ -299,8 +298,7 @@ def build_book(parameters: dict[str, Any] | None = None, *, root: Path = ROOT, o
         _configure(staging / "_config.yml", repository)
         run_dir = staging / "_run"
         run_dir.mkdir()
-        runlog.write("build", "models", {"models": list(models), "given": given or {"models": "auto"},
-                                         "auto": list(auto) if auto else None}, folder=run_dir)
+        runlog.write("build", "models", {"models": list(models), "given": given or {"models": "auto"}}, folder=run_dir)
         if windows is not None:
             runlog.write("windows", "windows", windows, folder=run_dir)
         cache = cache or Cache()

@@ -447,13 +447,10 @@ def figure2(weights, x, *, N: int, lengths, Ns, alpha: float, reading: str, rows
     keys. Their wall times go to the run record under the names of :data:`TIMED` (see :func:`run_seconds`)."""
     L = weights.shape[-1]
     options = dict(reading=reading, rows_per_octave=rows_per_octave, progress=False)
-    if windows is None:
-        per_length = [(weights, x, list(lengths), None)]
-    else:
-        per_length = ((*windows(n), [n], "all") for n in lengths)
+    per_length = [(weights, x, list(lengths))] if windows is None else ((*windows(n), [n]) for n in lengths)
     by_length, results = [], []
-    for w, xs, ns, mask in per_length:
-        mask = None if mask is None else _all_keys(w)
+    for w, xs, ns in per_length:
+        mask = None if windows is None else _all_keys(w)
         with runlog.timing(TIMED[0]):
             by_length.append(algorithms.distance_vs_length(w, xs, N=N, lengths=ns, mask=mask, **options))
         with runlog.timing(TIMED[1]):

@@ -246,12 +246,12 @@ def chosen() -> str:
     found = runlog.read("build")
     if not found:
         return "This run was not part of a book build."
-    given, auto = found[0].get("given", {}), found[0].get("auto")
+    given = found[0].get("given", {})
     if "model" in given:
         return f"The build was asked for one model (model='{given['model']}')."
     if given.get("models", "auto") != "auto":
         return f"They were requested explicitly (models={given['models']})."
-    if auto and auto[0] == "gpt2":
+    if found[0]["models"][0] == "gpt2":  # model 'auto' puts GPT-2 first when it can be loaded
         return "GPT-2 small, the paper's own model, could be loaded, so model 'auto' put it first."
     return ("GPT-2, the paper's model, could not be loaded on the machine that built this book (the technical reason "
             "is in each chapter's provenance table), so the build measured the models that ship inside Python wheels.")

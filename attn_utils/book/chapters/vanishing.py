@@ -343,8 +343,8 @@ def session_rows(session, what=("weights", "q", "k")):
     captured = session.capture(what=what)
     if session.causal:
         return model_rows(captured), captured
-    checks = [model_rows(session.window(n).capture(what=what), torch.ones(n, n, dtype=torch.bool))
-              for n in ENCODER_LENGTHS if n < session.L]
+    windows = [session.window(n) for n in ENCODER_LENGTHS if n < session.L]
+    checks = [model_rows(w.capture(what=what), w.visible()) for w in windows]
     checks.append(model_rows(captured, session.visible()))
     return ModelCheck(pd.concat([c.rows for c in checks], ignore_index=True), sum(c.violations for c in checks),
                       sum(c.weights for c in checks), max(c.recon_error for c in checks)), captured
