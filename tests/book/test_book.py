@@ -134,73 +134,32 @@ if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
 """
 
 
-@pytest.mark.slow
-def test_pages_render_in_a_browser(built_book):
-    result = built_book
-    pages = sorted(p for p in result.html.rglob("*.html")
-                   if p.parent.name in ("notebooks", "book") and not p.name.startswith("_"))
-    assert len(pages) >= len(chapters()) + 3
-    driver = _browser()
-    driver.set_script_timeout(30)
-    try:
-        for page in pages:
-            driver.get(page.as_uri())
-            typeset = driver.execute_async_script(WAIT_FOR_MATHJAX)
-            source = page.read_text()
-            has_math = 'class="math' in source
-            if has_math:
-                assert typeset is True, f"{page.name}: MathJax did not load"
-                n_math = driver.execute_script("return document.querySelectorAll('mjx-container').length")
-                assert n_math > 0, f"{page.name}: no typeset math"
-            text = driver.execute_script("return document.body.innerText")
-            for raw in ("\\(", "\\)", "\\[", "$$"):
-                assert raw not in text, f"{page.name}: raw TeX {raw!r} left in the page"
-            broken = driver.execute_script(
-                "return Array.from(document.images).filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src)")
-            assert not broken, f"{page.name}: images that did not load: {broken}"
-            glued = driver.execute_script(
-                "return Array.from(document.querySelectorAll('.pasted-text, .pasted-inline')).map(e => e.innerText)")
-            if "notebooks" in page.parts or page.name == "intro.html":
-                assert glued, f"{page.name}: no glued numbers in the prose"
-            assert all(g.strip() for g in glued), f"{page.name}: an empty glued value"
-            assert not [g for g in glued if any(w in g for w in ("Error", "Exception", "Traceback"))], \
-                f"{page.name}: a raw exception in the prose"
-            for outside in ("NOTES", "[INFERRED]", "paper/NOTES.md", "/".join(("..", "shared"))):
-                assert outside not in text, f"{page.name}: points to material the reader does not have: {outside!r}"
-            local = ABSOLUTE_PATH.findall(text)
-            assert not local, f"{page.name}: a path of the machine that built the book: {local[:3]}"
-            for image in driver.execute_script(IMAGES):
-                assert image["caption"].startswith("Figure "), \
-                    f"{page.name}: an image without a numbered caption: {image}"
-                alt = image["alt"]
-                assert len(alt.split()) >= 6 and not IMAGE_PATH.search(alt), \
-                    f"{page.name}: the alt text of {image['src']} does not describe the figure: {alt!r}"
-                assert image["sharp"], f"{page.name}: {image['src']} is neither SVG nor a 2x image"
-            truncated = driver.execute_script(
-                "return Array.from(document.querySelectorAll('td, th')).filter(c => ['...', '…'].includes("
-                "c.innerText.trim())).length")
-            assert not truncated, f"{page.name}: a table truncated by pandas"
-            unboxed = driver.execute_script(OVERFLOWING_TABLES)
-            assert not unboxed, f"{page.name}: tables wider than the text column without a scroll box: {unboxed}"
-    finally:
-        driver.quit()
+def _pages(html: Path) -> list[Path]:
+    return sorted(p for p in html.rglob("*.html")
+                  if p.parent.name in ("notebooks", "book") and not p.name.startswith("_"))
 
 
 ABSOLUTE_PATH = re.compile(r"(?<![\w.~])/(?:tmp|work|home|root|Users|usr|var)/\S+")
 IMAGE_PATH = re.compile(r"\.(?:png|svg|jpe?g|gif)\b|^[_./]|\b(?:notebooks|_images|_build|image)/|\bcell\d", re.I)
-# Every image of a page's text: its numbered caption, its alt text, and whether it stays sharp when zoomed
-IMAGES = """
-return Array.from(document.querySelectorAll('article img')).map(i => {
+
+# What the tests below check of a page, read in one pass once MathJax has typeset it: the count of typeset math, the
+# text, the images that did not load, the glued values, every image of the text (its numbered caption, its alt text,
+# whether it stays sharp when zoomed, whether a click opens it full size), the table cells that pandas truncated,
+# tables wider than their container without a scroll box of their own; the layout defects (cells of tables with
+# under 4 px of horizontal padding, display equations wider than their column, statement boxes whose title carries
+# a number of the book, which would name another result than the paper's, numeric cells not right-aligned); and
+# how far the page scrolls sideways.
+SEEN = """
+const article = document.querySelector('article') || document.body;
+const all = (selector, root) => Array.from((root || document).querySelectorAll(selector));
+const images = all('article img').map(i => {
   const figure = i.closest('figure'), caption = figure ? figure.querySelector('figcaption') : null;
   return {src: i.getAttribute('src'), alt: i.getAttribute('alt') || '',
-          caption: caption ? caption.innerText.trim() : '',
+          caption: caption ? caption.innerText.trim() : '', in_figure: !!i.closest('article figure'),
+          linked: !!(i.closest('a') && i.closest('a').href),
           sharp: /\\.svg$/i.test(i.src) || i.naturalWidth >= 1.5 * i.getBoundingClientRect().width};
 });
-"""
-
-# Tables wider than their container must scroll inside their own box (overflow-x auto or scroll).
-OVERFLOWING_TABLES = """
-return Array.from(document.querySelectorAll('article table')).filter(t => {
+const unboxed = all('article table').filter(t => {
   const box = t.parentElement.getBoundingClientRect();
   if (t.scrollWidth <= box.width + 1) return false;
   for (let e = t; e && e !== document.body; e = e.parentElement) {
@@ -208,28 +167,86 @@ return Array.from(document.querySelectorAll('article table')).filter(t => {
   }
   return true;
 }).map(t => t.className || t.innerText.slice(0, 40));
+const tight = all('table td, table th', article).filter(c => {
+  const s = getComputedStyle(c);
+  return c.innerText.trim() && (parseFloat(s.paddingLeft) < 4 || parseFloat(s.paddingRight) < 4);
+}).map(c => c.innerText.slice(0, 20));
+const cut = all('mjx-container[display="true"]', article).filter(m => {
+  const math = m.querySelector('mjx-math');
+  return math && math.getBoundingClientRect().width > m.getBoundingClientRect().width + 1;
+}).map(m => {
+  const items = window.MathJax && MathJax.startup.document.getMathItemsWithin ? MathJax.startup.document
+    .getMathItemsWithin(m) : [];
+  return (items.length ? items[0].math : m.innerText).slice(0, 80);
+});
+const numbered = all('div.proof > p.admonition-title', article).map(t => t.innerText.trim())
+  .filter(t => /^(Definition|Theorem|Lemma|Corollary|Proposition|Remark|Assumption|Conjecture|Example)\\s+\\d/.test(t));
+return JSON.stringify({
+  n_math: all('mjx-container').length, text: document.body.innerText,
+  broken: Array.from(document.images).filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src),
+  glued: all('.pasted-text, .pasted-inline').map(e => e.innerText), images: images,
+  truncated: all('td, th').filter(c => ['...', '\u2026'].includes(c.innerText.trim())).length, unboxed: unboxed,
+  tight: tight.slice(0, 5), cut: cut, numbered: numbered,
+  left: all('table.output-table td.num', article).filter(c => getComputedStyle(c).textAlign !== 'right').length,
+  sideways: document.documentElement.scrollWidth - window.innerWidth});
 """
 
 
-@pytest.mark.slow
-def test_pages_fit_a_phone_screen(built_book, tmp_path):
-    """At 400 px the pages do not scroll sideways (code and tables scroll in their own boxes)."""
+def _seen(html: Path, width: int, height: int) -> dict[Path, dict]:
+    """:data:`SEEN` of every page of the book, at ``width`` x ``height`` px, in one browser."""
     driver = _browser()
+    driver.set_script_timeout(30)
+    seen = {}
     try:
-        driver.set_window_size(400, 900)
-        for page in ("book/intro.html", "notebooks/ch2_distance.html", "notebooks/ch5_reproducibility.html"):
-            driver.get((built_book.html / page).as_uri())
-            wide = driver.execute_script("return document.documentElement.scrollWidth - window.innerWidth")
-            assert wide <= 1, f"{page} scrolls sideways by {wide} px at 400 px"
-        driver.save_screenshot(str(tmp_path / "phone.png"))
-        assert (tmp_path / "phone.png").stat().st_size > 0
+        driver.set_window_size(width, height)
+        for page in _pages(html):
+            driver.get(page.as_uri())
+            typeset = driver.execute_async_script(WAIT_FOR_MATHJAX)
+            seen[page] = {**json.loads(driver.execute_script(SEEN)), "typeset": typeset}
     finally:
         driver.quit()
+    return seen
 
 
-def _pages(html: Path) -> list[Path]:
-    return sorted(p for p in html.rglob("*.html")
-                  if p.parent.name in ("notebooks", "book") and not p.name.startswith("_"))
+@pytest.fixture(scope="module")
+def at_1280(built_book) -> dict[Path, dict]:
+    return _seen(built_book.html, 1280, 2000)
+
+
+@pytest.fixture(scope="module")
+def at_400(built_book) -> dict[Path, dict]:
+    return _seen(built_book.html, 400, 900)
+
+
+@pytest.mark.slow
+def test_pages_render_in_a_browser(at_1280):
+    assert len(at_1280) >= len(chapters()) + 3
+    for page, seen in at_1280.items():
+        if 'class="math' in page.read_text():
+            assert seen["typeset"] is True, f"{page.name}: MathJax did not load"
+            assert seen["n_math"] > 0, f"{page.name}: no typeset math"
+        text, glued = seen["text"], seen["glued"]
+        for raw in ("\\(", "\\)", "\\[", "$$"):
+            assert raw not in text, f"{page.name}: raw TeX {raw!r} left in the page"
+        assert not seen["broken"], f"{page.name}: images that did not load: {seen['broken']}"
+        if "notebooks" in page.parts or page.name == "intro.html":
+            assert glued, f"{page.name}: no glued numbers in the prose"
+        assert all(g.strip() for g in glued), f"{page.name}: an empty glued value"
+        assert not [g for g in glued if any(w in g for w in ("Error", "Exception", "Traceback"))], \
+            f"{page.name}: a raw exception in the prose"
+        for outside in ("NOTES", "[INFERRED]", "paper/NOTES.md", "/".join(("..", "shared"))):
+            assert outside not in text, f"{page.name}: points to material the reader does not have: {outside!r}"
+        local = ABSOLUTE_PATH.findall(text)
+        assert not local, f"{page.name}: a path of the machine that built the book: {local[:3]}"
+        for image in seen["images"]:
+            assert image["caption"].startswith("Figure "), f"{page.name}: an image without a numbered caption: {image}"
+            alt = image["alt"]
+            assert len(alt.split()) >= 6 and not IMAGE_PATH.search(alt), \
+                f"{page.name}: the alt text of {image['src']} does not describe the figure: {alt!r}"
+            assert image["sharp"], f"{page.name}: {image['src']} is neither SVG nor a 2x image"
+        assert not seen["truncated"], f"{page.name}: a table truncated by pandas"
+        assert not seen["unboxed"], \
+            f"{page.name}: tables wider than the text column without a scroll box: {seen['unboxed']}"
 
 
 NETWORK_SCRIPT = re.compile(r"<script[^>]+src=[\"'](?:https?:)?//", re.I)
@@ -244,90 +261,36 @@ def test_pages_load_no_script_from_the_network(built_book):
         assert "application/vnd.jupyter.widget" not in source, f"{page.name} embeds ipywidgets state"
 
 
-# Every layout defect in one pass over a page: the cells of output tables with less than 4 px of horizontal padding,
-# display equations wider than their column, statement boxes whose title carries a number of the book (which would
-# name another result than the paper's), and numeric cells of output tables that are not right-aligned.
-LAYOUT = """
-const article = document.querySelector('article') || document.body;
-const tight = Array.from(article.querySelectorAll('table td, table th')).filter(c => {
-  const s = getComputedStyle(c);
-  return c.innerText.trim() && (parseFloat(s.paddingLeft) < 4 || parseFloat(s.paddingRight) < 4);
-}).map(c => c.innerText.slice(0, 20));
-const cut = Array.from(article.querySelectorAll('mjx-container[display="true"]')).filter(m => {
-  const math = m.querySelector('mjx-math');
-  return math && math.getBoundingClientRect().width > m.getBoundingClientRect().width + 1;
-}).map(m => {
-  const items = window.MathJax && MathJax.startup.document.getMathItemsWithin ? MathJax.startup.document
-    .getMathItemsWithin(m) : [];
-  return (items.length ? items[0].math : m.innerText).slice(0, 80);
-});
-const numbered = Array.from(article.querySelectorAll('div.proof > p.admonition-title')).map(t => t.innerText.trim())
-  .filter(t => /^(Definition|Theorem|Lemma|Corollary|Proposition|Remark|Assumption|Conjecture|Example)\\s+\\d/.test(t));
-const left = Array.from(article.querySelectorAll('table.output-table td.num'))
-  .filter(c => getComputedStyle(c).textAlign !== 'right').length;
-return JSON.stringify({tight: tight.slice(0, 5), cut: cut, numbered: numbered, left: left});
-"""
-
-
 @pytest.mark.slow
-def test_tables_equations_and_boxes_read_at_1280_px(built_book):
+def test_tables_equations_and_boxes_read_at_1280_px(at_1280):
     """At 1280 px: table cells padded, numbers right-aligned, every display equation within its column, and no
     statement box numbered by the book (its number would collide with the paper's: "Theorem 2 (Theorem 1 ...)")."""
-    driver = _browser()
-    driver.set_script_timeout(30)
     problems = []
-    try:
-        driver.set_window_size(1280, 2000)
-        for page in _pages(built_book.html):
-            driver.get(page.as_uri())
-            driver.execute_async_script(WAIT_FOR_MATHJAX)
-            found = json.loads(driver.execute_script(LAYOUT))
-            for kind, what in (("table cells with under 4 px of padding", found["tight"]),
-                               ("display equations wider than the column", found["cut"]),
-                               ("statement boxes numbered by the book", found["numbered"])):
-                if what:
-                    problems.append(f"{page.name}: {kind}: {what}")
-            if found["left"]:
-                problems.append(f"{page.name}: {found['left']} numeric cells not right-aligned")
-    finally:
-        driver.quit()
+    for page, found in at_1280.items():
+        for kind, what in (("table cells with under 4 px of padding", found["tight"]),
+                           ("display equations wider than the column", found["cut"]),
+                           ("statement boxes numbered by the book", found["numbered"])):
+            if what:
+                problems.append(f"{page.name}: {kind}: {what}")
+        if found["left"]:
+            problems.append(f"{page.name}: {found['left']} numeric cells not right-aligned")
     assert not problems, "\n".join(problems)
 
 
 @pytest.mark.slow
-def test_no_page_scrolls_sideways_on_a_phone(built_book):
+def test_no_page_scrolls_sideways_on_a_phone(at_400):
     """At 400 px no page of the book is wider than the screen (tables, code and equations scroll in their boxes)."""
-    driver = _browser()
-    driver.set_script_timeout(30)
-    wide = {}
-    try:
-        driver.set_window_size(400, 900)
-        for page in _pages(built_book.html):
-            driver.get(page.as_uri())
-            driver.execute_async_script(WAIT_FOR_MATHJAX)
-            extra = driver.execute_script("return document.documentElement.scrollWidth - window.innerWidth")
-            if extra > 1:
-                wide[page.name] = extra
-    finally:
-        driver.quit()
+    wide = {page.name: seen["sideways"] for page, seen in at_400.items() if seen["sideways"] > 1}
+    assert len(at_400) >= len(chapters()) + 3
     assert not wide, f"pages that scroll sideways at 400 px (by px): {wide}"
 
 
 @pytest.mark.slow
-def test_figures_open_full_size(built_book):
+def test_figures_open_full_size(at_1280):
     """Every figure of a chapter is a link to its image (figures.js), so a click opens it at full size."""
-    driver = _browser()
-    try:
-        for page in _pages(built_book.html):
-            if "notebooks" not in page.parts:
-                continue
-            driver.get(page.as_uri())
-            unlinked = driver.execute_script(
-                "return Array.from(document.querySelectorAll('article figure img'))"
-                ".filter(i => !(i.closest('a') && i.closest('a').href)).map(i => i.getAttribute('src'))")
-            assert not unlinked, f"{page.name}: figures that do not open full size: {unlinked}"
-    finally:
-        driver.quit()
+    for page, seen in at_1280.items():
+        unlinked = [i["src"] for i in seen["images"] if i["in_figure"] and not i["linked"]]
+        assert not unlinked, f"{page.name}: figures that do not open full size: {unlinked}"
 
 
 def test_image_titles_do_not_number_figures():

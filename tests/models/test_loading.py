@@ -275,12 +275,21 @@ def test_auto_falls_back_to_smollm2_offline(monkeypatch, empty_hub):
 
 @pytest.mark.slow
 def test_a_damaged_cache_of_a_real_model_is_converted_again(monkeypatch, tmp_path):
-    """A same-size edit of rope_theta in a copy of SmolLM2's converted config.json: detected, converted again."""
+    """A same-size edit of rope_theta in a copy of SmolLM2's converted config.json: detected, converted again (the
+    conversion itself, tested on a tiny GGUF in test_embedded.py, is replaced by a copy of the good folder here)."""
     load_model("smollm2-135m")  # make sure a good converted copy exists
     good = embedded.cache_folder(embedded.SMOLLM2)
     monkeypatch.setenv("ATTN_COMPANION_MODELS", str(tmp_path))
     copy = embedded.cache_folder(embedded.SMOLLM2)
     shutil.copytree(good, copy, copy_function=os.link)  # hard links, except the file edited below
+    converted = []
+
+    def convert(model, folder):
+        converted.append(model.name)
+        shutil.rmtree(folder)
+        shutil.copytree(good, folder, copy_function=os.link)
+
+    monkeypatch.setattr(embedded, "_convert", convert)
     config = (copy / "config.json").read_text()
     (copy / "config.json").unlink()
     (copy / "config.json").write_text(config.replace('"rope_theta": 100000.0', '"rope_theta": 900000.0'))
@@ -288,6 +297,7 @@ def test_a_damaged_cache_of_a_real_model_is_converted_again(monkeypatch, tmp_pat
     _, _, prov = load_model("smollm2-135m")
     assert any("because the converted copy failed its check (config.json does not have the sha256" in n
                for n in prov.notes)
+    assert converted == ["smollm2-135m"]
     assert (copy / "config.json").read_text() == config and prov.weights_sha256 == sha256_file(
         good / "model.safetensors")
 
