@@ -62,13 +62,15 @@ figures.set_style()
 ledger, across = repro.ledger(), repro.windows()  # across: None unless the build was given a windows result
 
 # %% tags=["remove-cell"]
-models = repro.models(ledger)
-depend = repro.depends(ledger, models)
-glue_values({**repro.summary(ledger), **repro.windows_summary(ledger, across),
-             "depend_list": "; ".join(ledger[ledger.key == k].claim.iloc[0] for k in depend) or "none"})
-glue("glance", HTML(repro.glance(ledger)), display=False)  # the first page's "results at a glance"
-glue("models_text", repro.described(), display=False)  # the first page's list of models
-glue("models_chosen", repro.chosen(), display=False)  # and how they were chosen
+glue_values({**repro.summary(ledger), **repro.windows_summary(ledger, across)})
+glue("depend_here", HTML(repro.depend_list(ledger, link_prefix="")), display=False)
+# the first page's models, how they were chosen, the count of verdicts, the claims that depend on the model and
+# the "results at a glance"
+glue("models_list", HTML(repro.described()), display=False)
+glue("models_chosen", repro.chosen(), display=False)
+glue("verdict_counts", HTML(repro.verdict_counts(ledger)), display=False)
+glue("depend_list", HTML(repro.depend_list(ledger)), display=False)
+glue("glance", HTML(repro.glance(ledger)), display=False)
 
 # %% [markdown]
 # ## The claims ledger
@@ -79,8 +81,12 @@ glue("models_chosen", repro.chosen(), display=False)  # and how they were chosen
 # fail as written; of the empirical verdicts, {glue:text}`n_reproduced` are reproduced,
 # {glue:text}`n_partly_reproduced` partly, {glue:text}`n_not_reproduced` are not, and
 # {glue:text}`n_not_comparable` are not comparable. Of the model claims, {glue:text}`n_same` have the same
-# verdict on every model and {glue:text}`n_depend` depend on the model: {glue:text}`depend_list`. Where a
-# verdict depends on the model, it says as much about the model as about the paper. Of the models,
+# verdict on every model and {glue:text}`n_depend` depend on the model:
+#
+# ```{glue:any} depend_here
+# ```
+#
+# Where a verdict depends on the model, it says as much about the model as about the paper. Of the models,
 # {glue:text}`ledger_model_is_paper`. Rows measured on synthetic data do not depend on the model (column
 # *synthetic*).
 #
@@ -107,14 +113,20 @@ figures.glue_figure("fig_ch5_verdicts", repro.verdict_figure(ledger))
 # *not reproduced* for the measurements.
 # ```
 #
-# The table lists every row ({numref}`fig-ch5-verdicts` counts them); it scrolls sideways where the
-# column is too narrow.
+# The table lists every row ({numref}`fig-ch5-verdicts` counts them), chapter by chapter: the statement,
+# named and written as in its chapter (e.g. $\tilde d$ for the distance of Theorem 1, $N_s/N$ for the
+# separability fraction of Theorem 2), over the claim; what the paper says, over the rule that decides the
+# verdict; and the verdict on each model with what was measured. It scrolls sideways where the column is too
+# narrow. The
+# records themselves, with every value measured, download as CSV or JSON above the table.
 #
+# :::{div} plain-glue
 # One window of text is one sample of the novel: a verdict that depends on the passage read is weaker
 # evidence than one that holds wherever the model reads. {glue:text}`windows_note`.
+# :::
 
 # %% tags=["hide-input"]
-repro.table(ledger, across)
+HTML(repro.downloads(ledger) + repro.ledger_html(ledger, across))
 
 # %% [markdown]
 # ## Provenance of each run

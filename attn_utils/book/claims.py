@@ -1,11 +1,15 @@
 """The claims ledger: every claim the book tests, the rule that decides it, and what a build measured.
 
-A claim is data. ``attn_utils/book/ledger/<chapter>.yml`` states, per key: the claim, what the paper says, a
-template of what we measured (``ours``, whose ``{name}`` fields are filled with :func:`formatting.fmt`), and
-the rule that turns the measured values into a verdict, e.g.::
+A claim is data. ``attn_utils/book/ledger/<chapter>.yml`` states, per key: the claim, its short name for the
+tables (``glance``, with ``$...$`` math), a short template of the number that decides it (``brief``, whose fields
+are expressions of the measured values, e.g. ``{min(slopes):.2f}``), what the paper says, a template of what we
+measured (``ours``, whose ``{name}`` fields are filled with :func:`formatting.fmt`), and the rule that turns the
+measured values into a verdict, e.g.::
 
     ch4-fig4-collapse:
       claim: For T >= 1 the curves of the three eps collapse
+      glance: "Fig. 4: the curves collapse for $T \\ge 1$"
+      brief: "spread {spread:.2f}"
       paper: all curves collapse once T >= 1
       ours: "largest ratio max_eps g / min_eps g over T >= 1: {spread}"
       rule: [reproduced if spread <= 1.25, otherwise not reproduced]
@@ -47,8 +51,9 @@ _FUNCTIONS = {"abs": abs, "min": min, "max": max, "all": all, "any": any, "len":
 
 
 def evaluate(expression: str, values: Mapping[str, Any]) -> Any:
-    """Value of a rule's condition: comparisons (chained too), ``and``/``or``/``not``, arithmetic, numbers,
-    lists, the named values and ``abs min max all any len isnan isfinite``; nothing else can run."""
+    """Value of a rule's condition (or of a field of a brief): comparisons (chained too), ``and``/``or``/``not``,
+    ``x if c else y``, arithmetic, numbers, strings, lists, the named values and ``abs min max all any len isnan
+    isfinite``; nothing else can run."""
     def ev(node):
         if isinstance(node, ast.Expression):
             return ev(node.body)
@@ -63,6 +68,8 @@ def evaluate(expression: str, values: Mapping[str, Any]) -> Any:
         if isinstance(node, ast.BoolOp):
             results = (ev(v) for v in node.values)
             return all(results) if isinstance(node.op, ast.And) else any(results)
+        if isinstance(node, ast.IfExp):
+            return ev(node.body) if ev(node.test) else ev(node.orelse)
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub)):
             return (not ev(node.operand)) if isinstance(node.op, ast.Not) else -ev(node.operand)
         if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
@@ -142,6 +149,11 @@ class ClaimSpec:
     rule: Rule
     note: str = ""
     headline: bool = False    # one of the paper's headline claims, shown on the book's first page
+    glance: str = ""          # its short name ("" in a spec made in code: the claim)
+    brief: str = ""           # the short template of its deciding number ("": ours)
+
+
+REQUIRED = ("claim", "glance", "brief", "paper", "ours", "rule")
 
 
 @functools.cache
@@ -152,19 +164,31 @@ def specs(folder: Path = LEDGER_DIR) -> dict[str, ClaimSpec]:
         for key, entry in (yaml.safe_load(path.read_text()) or {}).items():
             if key in found:
                 raise ValueError(f"claim {key!r} is stated twice ({path.name} and {found[key].chapter}.yml)")
-            unknown = set(entry) - {"claim", "paper", "ours", "rule", "note", "headline"}
-            if unknown or not {"claim", "paper", "ours", "rule"} <= set(entry):
-                raise ValueError(f"{path.name}: claim {key!r} needs claim, paper, ours and rule (and may have note, "
+            unknown = set(entry) - {*REQUIRED, "note", "headline"}
+            if unknown or not set(REQUIRED) <= set(entry):
+                raise ValueError(f"{path.name}: claim {key!r} needs {', '.join(REQUIRED)} (and may have note, "
                                  f"headline); got {sorted(entry)}")
             found[key] = ClaimSpec(key=key, chapter=path.stem, claim=entry["claim"], paper=entry["paper"],
                                    ours=entry["ours"], rule=Rule.parse(entry["rule"]), note=entry.get("note", ""),
-                                   headline=bool(entry.get("headline", False)))
+                                   headline=bool(entry.get("headline", False)), glance=entry["glance"],
+                                   brief=entry["brief"])
     return found
 
 
 class _Template(string.Formatter):
     def format_field(self, value, format_spec):
         return format(scalar(value), format_spec) if format_spec else fmt(value)
+
+
+class _Brief(_Template):
+    """A ``brief`` template: each field is an expression of :func:`evaluate` over the values (``{min(slopes)}``)."""
+
+    def get_field(self, field_name, args, kwargs):
+        return evaluate(field_name, kwargs), field_name
+
+    def format_field(self, value, format_spec):
+        value = scalar(value)
+        return "n/a" if isinstance(value, float) and math.isnan(value) else super().format_field(value, format_spec)
 
 
 @dataclass(frozen=True)
@@ -183,6 +207,8 @@ class Claim:
     rule: str
     note: str = ""
     values: dict = field(default_factory=dict)
+    glance: str = ""  # the claim's short name, with $...$ math (ClaimSpec.glance)
+    brief: str = ""   # the deciding number in a few words (ClaimSpec.brief filled in)
 
 
 def judge(key: str, *, model: str, **values: Any) -> Claim:
@@ -196,8 +222,13 @@ def judge(key: str, *, model: str, **values: Any) -> Claim:
     except KeyError as err:
         raise ValueError(f"claim {key!r}: its 'ours' text needs the value {err.args[0]!r}") from None
     plain = {name: _plain(v) for name, v in values.items()}
+    try:
+        brief = _Brief().format(spec.brief, **plain) if spec.brief else ours
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"claim {key!r}: its brief {spec.brief!r} cannot be filled in: {err}") from None
     return Claim(key=key, chapter=spec.chapter, claim=spec.claim, paper=spec.paper, ours=ours,
-                 verdict=spec.rule.verdict(plain), model=model, rule=str(spec.rule), note=spec.note, values=plain)
+                 verdict=spec.rule.verdict(plain), model=model, rule=str(spec.rule), note=spec.note, values=plain,
+                 glance=spec.glance or spec.claim, brief=brief)
 
 
 def _plain(value: Any) -> Any:
@@ -222,10 +253,13 @@ def record(key: str, *, model: str, **values: Any) -> Claim:
 
 
 def load(folder: Path | None = None) -> pd.DataFrame:
-    """Every recorded claim, one row per claim and model, ordered by chapter then key."""
+    """Every recorded claim, one row per claim and model, ordered by chapter then key (a record without a short name
+    or brief, written by hand or by an older version, shows its claim and ours there)."""
     columns = [*Claim.__dataclass_fields__, "notebook"]
-    return pd.DataFrame(runlog.read("claims", folder), columns=columns).sort_values(["chapter", "key"],
-                                                                                  ignore_index=True)
+    rows = pd.DataFrame(runlog.read("claims", folder), columns=columns)
+    rows["glance"] = rows.glance.where(rows.glance.fillna("") != "", rows.claim)
+    rows["brief"] = rows.brief.where(rows.brief.fillna("") != "", rows.ours)
+    return rows.sort_values(["chapter", "key"], ignore_index=True)
 
 
 def depend_on_model(verdicts: Mapping[str, Mapping[str, str]], models: Sequence[str]) -> list[str]:

@@ -68,6 +68,15 @@ def resolve_notebook(name: str | Path) -> Path:
     raise ValueError(f"notebook {str(name)!r} not found; known notebooks: {known}")
 
 
+def chapter_title(chapter: str) -> str:
+    """The title of notebook ``chapter`` (its first Markdown heading), or ``chapter`` if it has none."""
+    path = NOTEBOOK_DIR / f"{chapter}.py"
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        if line.startswith("# # "):
+            return line[4:].strip()
+    return chapter
+
+
 def toc_files(root: Path = ROOT) -> list[str]:
     """Every file named in ``_toc.yml``, in reading order (without suffix)."""
     toc = yaml.safe_load((root / "_toc.yml").read_text())

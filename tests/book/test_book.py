@@ -73,9 +73,23 @@ def test_first_page_names_the_model(built_book):
 
 @pytest.mark.slow
 def test_first_page_has_the_results_at_a_glance(built_book):
+    """The first page lists the models, counts the verdicts, and gives every headline claim and every claim that
+    fails at a glance, each badge a link to its row of the ledger, which offers its records as CSV and JSON."""
     intro = (built_book.html / "book" / "intro.html").read_text()
+    ledger = (built_book.html / "notebooks" / "ch5_reproducibility.html").read_text()
     assert '<table class="glance">' in intro and 'class="verdict verdict-' in intro
     assert "ch5_reproducibility.html" in intro and "sources.html" in intro  # the ledger and the sources page
+    assert intro.count('<li><strong>') >= 2 and 'class="model-list"' in intro  # one entry per model
+    assert 'make book PARAMS="model=gpt2"' in html.unescape(re.sub(r"<[^>]+>", "", intro))
+    rows = claims.load(built_book.records)
+    shown = {k for k, spec in claims.specs().items() if spec.headline} | set(rows.key[rows.verdict == "fails"])
+    glance = intro[intro.index('<table class="glance">'):]
+    glance = glance[:glance.index("</table>")]
+    linked = set(re.findall(r'ch5_reproducibility\.html#claim-([\w-]+)"', glance))
+    assert linked == shown & set(rows.key), f"at a glance, missing: {shown & set(rows.key) - linked}"
+    assert all(f'<tr id="claim-{key}">' in ledger for key in linked)  # each badge's link lands on its row
+    for kind in ("csv", "json"):
+        assert f'download="claims.{kind}"' in ledger
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
 """The ledger's rules as data, the formatting of numbers, and the claim files of every chapter."""
 import math
+import re
 
 import numpy as np
 import pytest
@@ -81,12 +82,19 @@ def test_every_stated_claim_has_a_valid_rule_and_template():
     assert stated, "no claim files in attn_utils/book/ledger"
     for key, spec in stated.items():
         assert key.startswith(spec.chapter.split("_")[0] + "-"), f"{key} is stated in {spec.chapter}.yml"
-        assert spec.claim and spec.paper and spec.ours and spec.rule.cases
+        assert spec.claim and spec.paper and spec.ours and spec.rule.cases and spec.glance and spec.brief
+        for short in (spec.glance, spec.brief):  # its math is closed, so the tables typeset it
+            assert short.count("$") % 2 == 0, f"{key}: an unclosed $ in {short!r}"
+        assert len(spec.glance) <= 100, f"{key}: the short name is not short: {spec.glance!r}"
+        for text in (spec.claim, spec.glance, spec.paper, spec.note):  # a reader sees names, not the book's labels
+            assert not re.search(r"\bch\d-prop-", text), f"{key}: an internal label in {text!r}"
 
 
 def test_judge_fills_the_template_and_records_the_rule(tmp_path, monkeypatch):
     (tmp_path / "ch9_test.yml").write_text(
-        "ch9-collapse:\n  claim: curves collapse\n  paper: collapse once T >= 1\n"
+        "ch9-collapse:\n  claim: curves collapse\n  glance: 'collapse for $T \\ge 1$'\n"
+        "  brief: 'spread {spread:.2f}, {max(spread, 2 * n)} at most{\" (one)\" if n == 1 else \"\"}'\n"
+        "  paper: collapse once T >= 1\n"
         "  ours: 'largest ratio {spread} over {n} temperatures, exact {spread:.6f}'\n"
         "  rule: [reproduced if spread <= 1.25, otherwise not reproduced]\n  note: a note\n")
     original = claims.specs
@@ -96,11 +104,19 @@ def test_judge_fills_the_template_and_records_the_rule(tmp_path, monkeypatch):
     assert row.ours == "largest ratio 1.2 over 12 temperatures, exact 1.200000"
     assert row.rule == "reproduced if spread <= 1.25; otherwise not reproduced"
     assert row.values == {"spread": 1.2, "n": 12}
+    assert row.glance == "collapse for $T \\ge 1$" and row.brief == "spread 1.20, 24 at most"
+    assert claims.judge("ch9-collapse", model="m", spread=1.0, n=1).brief == "spread 1.00, 2 at most (one)"
+    assert claims.judge("ch9-collapse", model="m", spread=float("nan"), n=1).brief.startswith("spread n/a, ")
     assert claims.judge("ch9-collapse", model="m", spread=2, n=1).verdict == "not reproduced"
     with pytest.raises(ValueError, match="unknown claim 'ch9-nope'"):
         claims.judge("ch9-nope", model="m")
     with pytest.raises(ValueError, match="needs the value 'n'"):
         claims.judge("ch9-collapse", model="m", spread=1)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "ch9_test.yml").write_text((tmp_path / "ch9_test.yml").read_text().replace("glance:", "title:"))
+    with pytest.raises(ValueError, match="claim 'ch9-collapse' needs claim, glance, brief, paper, ours, rule"):
+        original(broken)
     monkeypatch.setenv("ATTN_COMPANION_RUN_DIR", str(tmp_path / "run"))
     claims.record("ch9-collapse", model="m", spread=torch.tensor(1.0), n=3)
     ledger = claims.load()

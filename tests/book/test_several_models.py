@@ -78,10 +78,9 @@ def test_which_verdicts_depend_on_the_model(tmp_path, monkeypatch):
     s = repro.summary(rows)
     assert (s["n_models"], s["n_model_keys"], s["n_depend"], s["n_same"], s["n_keys"]) == (2, 3, 2, 1, 4)
     assert "none of them is the paper's" in s["ledger_model_is_paper"]
-    data = repro.table(rows).data
-    assert list(data.columns) == ["chapter", "claim", "paper", "synthetic", "b", "a", "rule"]
-    assert data.set_index("claim").loc["claim k2", "b"] == "not reproduced: x 1"
-    assert data.set_index("claim").loc["claim k3", "a"] == ""
+    data = repro.wide(rows.assign(glance=rows.claim))
+    assert list(data.columns) == ["chapter", "statement", "claim", "paper", "synthetic", "b", "a", "rule"]
+    assert data.loc["k2", "b"] == "not reproduced: x 1" and data.loc["k3", "a"] == ""
 
 
 def test_the_chapter_section_shows_every_model(tmp_path, monkeypatch):

@@ -263,11 +263,12 @@ def test_the_column_in_process(tmp_path, monkeypatch):
     write_fake_records(tmp_path, None)
     rows = repro.ledger()
     assert repro.windows() is None
-    assert list(repro.table(rows).data.columns) == ["chapter", "claim", "paper", "synthetic", "gpt2", "rule"]
+    assert list(repro.wide(rows).columns) == ["chapter", "statement", "claim", "paper", "synthetic", "gpt2", "rule"]
     runlog.write("windows", "windows", three_windows())
     across = repro.windows()
-    assert list(repro.table(rows, across).data.columns)[-2:] == ["stable across 3 windows", "rule"]
-    shown = repro.table(rows, across).data.set_index("claim")["stable across 3 windows"].tolist()
+    assert list(repro.wide(rows, across).columns)[-2:] == ["stable across 3 windows", "rule"]
+    shown = repro.wide(rows, across)["stable across 3 windows"].tolist()
+    assert "<th>stable across 3 windows</th>" in repro.ledger_html(rows, across)
     assert sorted(shown) == sorted(["", "yes; slope -0.8 [-1.1, -0.6]",
                                     "no: reproduced x2, not reproduced x1; drop 0.5 [0.5, 0.5]"])
     said = dict(zip(rows.key, repro.stability(rows, across)))

@@ -3,14 +3,16 @@ the paper's Table 1. Everything here reads the run records that the other chapte
 (:mod:`attn_utils.book.runlog`); nothing is measured."""
 from __future__ import annotations
 
+import base64
 import html
+import json
 from collections import Counter
 
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from attn_utils.book import claims, figures, runlog
-from attn_utils.book.formatting import fmt, table as formatted
+from attn_utils.book import claims, figures, runlog, sources
+from attn_utils.book.formatting import fmt
 
 PAPER_MODEL = "gpt2"
 # The paper's Table 1 (Appendix B): minutes on an Apple M1 Pro, and whether the run was parallel. Our distance
@@ -63,29 +65,95 @@ def summary(rows: pd.DataFrame) -> dict:
             "ledger_model_is_paper": paper}
 
 
-def table(rows: pd.DataFrame, across: dict | None = None):
-    """The ledger for reading (:func:`attn_utils.book.formatting.table`): one row per claim, a coloured verdict per
-    model (``synthetic`` for the statements checked on synthetic data) with what was measured, the rule that
-    decided it; with ``across`` (:func:`windows`), the column of :func:`stability` of the first model."""
+def wide(rows: pd.DataFrame, across: dict | None = None) -> pd.DataFrame:
+    """The ledger, one row per claim (indexed by key, in chapter order): chapter, its short name (``glance``), the
+    claim, what the paper says; per model (``synthetic`` for the statements checked on synthetic data) the verdict
+    and what was measured, ``"verdict: ours"`` ("" where it was not measured); with ``across`` (:func:`windows`),
+    the column of :func:`stability` of the first model; the rule that decided it."""
     measured = models(rows)
     columns = [claims.SYNTHETIC, *measured]
     first = rows.drop_duplicates("key").set_index("key")
-    wide = pd.DataFrame({"chapter": first.chapter, "claim": first.claim, "paper": first.paper})
+    table = pd.DataFrame({"chapter": first.chapter, "statement": first.glance, "claim": first.claim,
+                          "paper": first.paper})
     for m in columns:
         own = rows[rows.model == m].set_index("key")
-        wide[m] = [f"{own.verdict[k]}: {own.ours[k]}" if k in own.index else "" for k in wide.index]
-    wide = wide.loc[:, [c for c in wide.columns if c not in columns or (wide[c] != "").any()]]
+        table[m] = [f"{own.verdict[k]}: {own.ours[k]}" if k in own.index else "" for k in table.index]
+    table = table.loc[:, [c for c in table.columns if c not in columns or (table[c] != "").any()]]
     if across is not None and measured:
         lead = rows[rows.model.isin([measured[0], claims.SYNTHETIC])].drop_duplicates("key").set_index("key")
-        wide[stability_column(across)] = stability(lead.reset_index(), across).set_axis(lead.index) \
-            .reindex(wide.index).fillna("")
-    wide["rule"] = first.rule
-    shown = wide.reset_index(drop=True).map(html.escape)  # "N << L"
+        table[stability_column(across)] = stability(lead.reset_index(), across).set_axis(lead.index) \
+            .reindex(table.index).fillna("")
+    table["rule"] = first.rule
+    return table
 
-    def colour(v: str) -> str:
-        return f"background-color: {figures.VERDICT_COLOURS.get(v.split(':', 1)[0], '')}"
 
-    return formatted(shown).map(colour, subset=[c for c in columns if c in shown.columns])
+def tex(text: str) -> str:
+    """``text`` as HTML, each ``$...$`` of it as inline math that MathJax typesets (as Sphinx writes it)."""
+    parts = text.split("$")
+    return "".join(html.escape(part) if i % 2 == 0 else
+                   f'<span class="math notranslate nohighlight">\\({html.escape(part)}\\)</span>'
+                   for i, part in enumerate(parts))
+
+
+def badge(verdict: str, href: str | None = None) -> str:
+    """A verdict in the colour of its figures (``_static/verdicts.css``), a link to ``href`` if given."""
+    css = f'verdict verdict-{verdict.replace(" ", "-")}'
+    return (f'<a class="{css}" href="{href}">{html.escape(verdict)}</a>' if href else
+            f'<span class="{css}">{html.escape(verdict)}</span>')
+
+
+def row_id(key: str) -> str:
+    """The anchor of claim ``key``'s row in the ledger (the first page's badges link to it)."""
+    return f"claim-{key}"
+
+
+def ledger_html(rows: pd.DataFrame, across: dict | None = None, link_prefix: str = "") -> str:
+    """The ledger for reading: one table, grouped by chapter (a heading row that links to it), one row per claim
+    (anchor :func:`row_id`) with its statement (math typeset) over the claim, what the paper says over the rule,
+    per model the badge and what was measured (one cell across the models for a statement checked on synthetic
+    data), and the windows' column with ``across``."""
+    table = wide(rows, across)
+    measured = [m for m in models(rows) if m in table.columns]
+    rest = [c for c in table.columns if c not in ("chapter", "statement", "claim", "paper", "rule",
+                                                  claims.SYNTHETIC, *measured)]
+    head = ["statement", "the paper; our rule", *(measured or [claims.SYNTHETIC]), *rest]
+
+    def said(value: str) -> str:
+        verdict, _, ours = value.partition(": ")
+        return f"{badge(verdict)}<br><small>{html.escape(ours)}</small>" if value else ""
+
+    body = []
+    for chapter, group in table.groupby("chapter", sort=False):
+        body.append(f'<tr class="chapter"><th colspan="{len(head)}"><a href="{link_prefix}{chapter}.html">'
+                    f'{html.escape(sources.chapter_title(chapter))}</a></th></tr>')
+        for key, r in group.iterrows():
+            cells = [f"<td><strong>{tex(r.statement)}</strong><br><small>{html.escape(r.claim)}</small></td>",
+                     f"<td>{html.escape(r.paper)}<br><small>rule: {html.escape(r.rule)}</small></td>"]
+            if r.get(claims.SYNTHETIC):
+                cells.append(f'<td colspan="{max(len(measured), 1)}">{said(r[claims.SYNTHETIC])} '
+                             f"<small>(synthetic data)</small></td>")
+            else:
+                cells += [f"<td>{said(r[m])}</td>" for m in measured]
+            cells += [f"<td>{html.escape(r[c])}</td>" for c in rest]
+            body.append(f'<tr id="{row_id(key)}">' + "".join(cells) + "</tr>")
+    header = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    return f'<table class="ledger"><thead><tr>{header}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
+RECORD_FIELDS = ["key", "chapter", "model", "verdict", "claim", "paper", "ours", "rule", "note", "values"]
+
+
+def downloads(rows: pd.DataFrame) -> str:
+    """Two links that download the ledger's records (one per claim and model, fields :data:`RECORD_FIELDS`) as CSV
+    and as JSON; the files are inside the page (data: URLs), so they work offline and match the page."""
+    records = rows[RECORD_FIELDS].to_dict("records")
+    as_csv = rows[RECORD_FIELDS].assign(values=[json.dumps(v, sort_keys=True) for v in rows["values"]]) \
+        .to_csv(index=False)
+    as_json = json.dumps(records, indent=1, default=str)
+    links = [(f"data:text/csv;charset=utf-8;base64,{base64.b64encode(as_csv.encode()).decode()}", "claims.csv", "CSV"),
+             (f"data:application/json;base64,{base64.b64encode(as_json.encode()).decode()}", "claims.json", "JSON")]
+    return "Download the records: " + " · ".join(
+        f'<a class="download" download="{name}" href="{url}">{name}</a> ({kind})' for url, name, kind in links)
 
 
 def windows() -> dict | None:
@@ -210,35 +278,59 @@ def totals(table_1: pd.DataFrame) -> dict:
 
 
 def glance(rows: pd.DataFrame, link_prefix: str = "../notebooks/") -> str:
-    """The book's first page: an HTML table with one row per headline claim of the paper and per claim that fails
-    (what the paper says, the verdict on each model of the build as a coloured badge with the number measured,
-    whether the verdict is the same on every model, a link to the chapter), in chapter order."""
+    """The book's first page: an HTML table with one row per headline claim of the paper and per claim that fails,
+    in chapter order: its short name (math typeset) linking to its chapter; per model of the build the verdict's
+    badge, a link to its row of the ledger, over the deciding number (``brief``), or one cell across the models for a
+    statement checked on synthetic data; whether the verdict is the same on every model (with several)."""
     shown_keys = [key for key, spec in claims.specs().items() if spec.headline
                   or (rows[rows.key == key].verdict == "fails").any()]
     measured = models(rows)
     changed = set(depends(rows, measured))
     first = rows[rows.key.isin(shown_keys)].drop_duplicates("key").sort_values(["chapter", "key"])
-    synthetic = any(rows[rows.key.isin(shown_keys)].model == claims.SYNTHETIC)
-    columns = [*([claims.SYNTHETIC] if synthetic else []), *measured]
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in ("claim of the paper", "the paper", *columns,
-                                                            "same on every model?", "chapter"))
+    several = len(measured) > 1  # with one model, "the same on every model" says nothing
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in ("claim of the paper", *measured,
+                                                            *(["same on every model?"] if several else [])))
+    ledger_page = f"{link_prefix}ch5_reproducibility.html"
     body = []
     for r in first.itertuples():
-        cells = [html.escape(r.claim), html.escape(r.paper)]
-        for m in columns:
-            own = rows[(rows.key == r.key) & (rows.model == m)]
-            if own.empty:
-                cells.append("")
-                continue
-            v = own.iloc[0]
-            cells.append(f'<span class="verdict verdict-{v.verdict.replace(" ", "-")}">{html.escape(v.verdict)}'
-                         f'</span><br><small>{html.escape(v.ours)}</small>')
-        model_rows = rows[(rows.key == r.key) & (rows.model != claims.SYNTHETIC)]
-        cells.append("" if model_rows.empty else "no: it depends on the model" if r.key in changed else "yes")
-        cells.append(f'<a href="{link_prefix}{r.chapter}.html">{html.escape(r.chapter.split("_", 1)[1])}</a>')
-        body.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-    return (f'<div class="wide-table"><table class="glance"><thead><tr>{head}</tr></thead>'
-            f'<tbody>{"".join(body)}</tbody></table></div>')
+        cells = [f'<td><a href="{link_prefix}{r.chapter}.html">{tex(r.glance)}</a></td>']
+        own = rows[rows.key == r.key].set_index("model")
+
+        def cell(m: str) -> str:
+            v = own.loc[m]
+            return f"{badge(v.verdict, f'{ledger_page}#{row_id(r.key)}')}<br><small>{tex(v.brief)}</small>"
+
+        if claims.SYNTHETIC in own.index:
+            cells.append(f'<td colspan="{max(len(measured), 1)}">{cell(claims.SYNTHETIC)} '
+                         f'<small>(synthetic data)</small></td>' + ("<td></td>" if several else ""))
+        else:
+            cells += [f"<td>{cell(m) if m in own.index else 'not measured'}</td>" for m in measured]
+            cells += [f"<td>{'no' if r.key in changed else 'yes'}</td>"] if several else []
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return (f'<table class="glance"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(body)}</tbody></table>')
+
+
+def verdict_counts(rows: pd.DataFrame) -> str:
+    """The first page's count of verdicts: each verdict's badge with how many rows of the ledger got it."""
+    counts = rows.verdict.value_counts()
+    return '<p class="verdict-counts">' + " ".join(f"{badge(v)} {int(counts[v])}" for v in claims.VERDICTS
+                                                   if v in counts) + "</p>"
+
+
+def depend_list(rows: pd.DataFrame, link_prefix: str = "../notebooks/") -> str:
+    """The claims whose verdict depends on the model, as an HTML list: each short name linking to its ledger row,
+    with its verdict on every model."""
+    keys = depends(rows, models(rows))
+    if not keys:
+        return "<p>none</p>"
+    items = []
+    for key in keys:
+        own = rows[rows.key == key].set_index("model")
+        said = ", ".join(f"{m}: {badge(own.verdict[m]) if m in own.index else 'not measured'}" for m in models(rows))
+        items.append(f'<li><a href="{link_prefix}ch5_reproducibility.html#{row_id(key)}">{tex(own.glance.iloc[0])}</a> '
+                     f"({said})</li>")
+    return f'<ul class="depend-list">{"".join(items)}</ul>'
 
 
 def chosen() -> str:
@@ -258,8 +350,10 @@ def chosen() -> str:
 
 
 def described() -> str:
-    """The models of the build for the first page, one sentence: each name and what it is (its provenance)."""
+    """The models of the build for the first page, as an HTML list: each name and what it is (its provenance)."""
     seen: dict[str, str] = {}
     for r in runlog.read("provenance"):
         seen.setdefault(r["model"], r.get("description", ""))
-    return "; ".join(f"{m} ({seen.get(m) or 'not measured in this build'})" for m in models())
+    return '<ul class="model-list">' + "".join(
+        f"<li><strong>{html.escape(m)}</strong>: {html.escape(seen.get(m) or 'not measured in this build')}</li>"
+        for m in models()) + "</ul>"

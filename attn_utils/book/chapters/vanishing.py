@@ -94,20 +94,35 @@ def _split(n: int, k: int) -> list[int]:
     return [len(range(c, n, k)) for c in range(k)]
 
 
+def representable(F: Callable, a: float) -> bool:
+    """Whether F is a positive, finite float64 at -a, 0 and a: Lemma 1 needs m_F > 0 and M_F finite, and e^{l/T}
+    leaves float64 on [-a, a] once a/T > 709 (softmax at T = 0.001 for a >= 0.71)."""
+    ends = F(torch.tensor([-a, 0.0, a], dtype=F64))
+    return bool(torch.isfinite(ends).all() and (ends > 0).all())
+
+
+def lemma1_skipped(family: dict[str, Callable]) -> list[tuple[str, float]]:
+    """The (F, a) pairs of :data:`A_GRID` that :func:`lemma1_table` leaves out, F not :func:`representable`."""
+    return [(name, a) for name, F in family.items() for a in A_GRID if not representable(F, a)]
+
+
 def lemma1_table(family: dict[str, Callable], lengths: Sequence[int], n_trials: int,
                  gen: torch.Generator) -> pd.DataFrame:
     """One row per synthetic row of logits: its F, length L, bound a, pattern, largest and smallest weight
     (Eq. (3) in float64), Lemma 1's bounds C1/L and C2/L and its tightness. ``n_trials`` rows per (F, L)
-    cycle through :data:`COMBOS`."""
+    cycle through :data:`COMBOS`; the rows of a bound a on which F is not a float64 (:func:`lemma1_skipped`) are
+    left out."""
     frames = []
     counts = _split(n_trials, len(COMBOS))
-    labels = {"a": [a for (a, _), n in zip(COMBOS, counts) for _ in range(n)],
-              "pattern": [p for (_, p), n in zip(COMBOS, counts) for _ in range(n)]}
     for f_name, F in family.items():
+        kept = [(a, p, n) for (a, p), n in zip(COMBOS, counts) if n and representable(F, a)]
+        if not kept:
+            continue
+        labels = {"a": [a for a, _, n in kept for _ in range(n)], "pattern": [p for _, p, n in kept for _ in range(n)]}
         for length in lengths:
-            logits = torch.cat([draw_logits(p, a, n, length, gen) for (a, p), n in zip(COMBOS, counts)])
+            logits = torch.cat([draw_logits(p, a, n, length, gen) for a, p, n in kept])
             weights = normalizers.general(logits, F=F)
-            bounds = {a: theory.lemma1_bounds(F, a, length) for a in A_GRID}
+            bounds = {a: theory.lemma1_bounds(F, a, length) for a in dict.fromkeys(a for a, _, _ in kept)}
             frame = pd.DataFrame({**labels, "max weight": weights.amax(-1).cpu().numpy(),
                                   "min weight": weights.amin(-1).cpu().numpy()})
             frame["lower"] = frame.a.map(lambda a: bounds[a].lower)
@@ -126,21 +141,24 @@ def lemma1_summary(table: pd.DataFrame) -> pd.DataFrame:
         tightest=("tightness", "max"), **{"median tightness": ("tightness", "median")})
 
 
-def lemma1_facts(table: pd.DataFrame, Ts: Sequence[float]) -> dict:
+def lemma1_facts(table: pd.DataFrame, Ts: Sequence[float], skipped: Sequence[tuple[str, float]] = ()) -> dict:
     """The numbers the prose quotes about the check of Lemma 1 (and the claim ``ch1-lemma1-synthetic`` records):
     counts, the tightest row, the median tightness of the uniform rows, the bound ``a_fig`` of the figure (2 when
-    drawn) and Lemma 1's C2 = e^{2a/T} of the softmax at the smallest T for that bound."""
+    drawn), Lemma 1's C2 = e^{2a/T} of the softmax at the smallest T for that bound, and the ``skipped`` (F, a)
+    pairs (:func:`lemma1_skipped`)."""
     uniform = table[table.pattern == "uniform"]
     lengths = sorted(table.L.unique())
     a_fig = 2.0 if (table.a == 2.0).any() else float(table.a.iloc[0])
     T_small = min(Ts)
+    exponent = 2 * a_fig / T_small  # C2 = e^{2a/T} of the softmax at T_small
     return {"lemma1_cases": len(table), "lemma1_n_F": table.F.nunique(), "lemma1_n_L": len(lengths),
             "lemma1_Lmin": int(lengths[0]), "lemma1_Lmax": int(lengths[-1]),
             "lemma1_violations": int((table.tightness > 1 + REL_TOL).sum()),
             "lemma1_tightest": float(table.tightness.max()),
             "lemma1_uniform_median": float(uniform.tightness.median()) if len(uniform) else float("nan"),
             "a_grid": list(A_GRID), "a_fig": a_fig, "T_small": T_small,
-            "c2_small": theory.lemma1_constants(lambda l: torch.exp(l / T_small), a_fig).C2}
+            "c2_small": math.exp(exponent) if exponent < 709 else f"e^{exponent:.0f}, beyond float64",
+            "lemma1_skipped": "; ".join(f"{name} with a = {fmt(a)}" for name, a in skipped) or "none"}
 
 
 def plot_lemma1(table: pd.DataFrame, a: float) -> plt.Figure:
@@ -154,6 +172,11 @@ def plot_lemma1(table: pd.DataFrame, a: float) -> plt.Figure:
     colors = sns.color_palette(figures.PALETTE)
     for ax, f_name in zip(axes.flat, names):
         sub = shown[shown.F == f_name]
+        if sub.empty:  # F is not a float64 on [-a, a] (lemma1_skipped)
+            ax.text(0.5, 0.5, f"not a float64 on [-{a:g}, {a:g}]:\nno rows", ha="center", va="center",
+                    transform=ax.transAxes, fontsize="small")
+            ax.set(xscale="log", yscale="log", title=f_name)
+            continue
         by_L = sub.groupby("L").agg(worst_max=("max weight", "max"), worst_min=("min weight", "min"),
                                     lower=("lower", "first"), upper=("upper", "first"))
         typical = sub[sub.pattern == "uniform"].groupby("L")["max weight"].median()

@@ -2,6 +2,7 @@
 (attn_utils.book.chapters.reproducibility), on values known in advance."""
 import json
 import math
+import re
 
 import matplotlib
 import pandas as pd
@@ -130,22 +131,77 @@ def test_summary_counts_and_table_1(build_records):
     assert len(set(repro.figures.VERDICT_COLOURS.values())) == len(repro.figures.VERDICT_COLOURS)
 
 
-def test_glance_lists_headline_claims_with_badges_and_links(monkeypatch, tmp_path):
+LEDGER_9 = ("ch9-a:\n  claim: weights <vanish>\n  glance: 'weights vanish like $1/L$'\n  brief: 'slope {s:.2f}'\n"
+            "  paper: like 1/L\n  ours: 'slope {s}'\n"
+            "  rule: [reproduced if s < -0.8, otherwise not reproduced]\n  headline: true\n"
+            "ch9-b:\n  claim: a lemma\n  glance: Lemma 9\n  brief: '{v} violations'\n  paper: bound\n  ours: '{v}'\n"
+            "  rule: [holds if v == 0, otherwise fails]\n"
+            "ch9-c:\n  claim: a bound\n  glance: 'Bound: $x \\le 1$'\n  brief: '{max(x)} > 1'\n  paper: bound\n"
+            "  ours: '{x}'\n  rule: [holds if max(x) <= 1, otherwise fails]\n")
+
+
+def test_glance_lists_headline_and_failing_claims_with_badges_that_link_to_the_ledger(monkeypatch, tmp_path):
     import pandas as pd
 
-    (tmp_path / "ch9_test.yml").write_text(
-        "ch9-a:\n  claim: weights <vanish>\n  paper: like 1/L\n  ours: 'slope {s}'\n"
-        "  rule: [reproduced if s < -0.8, otherwise not reproduced]\n  headline: true\n"
-        "ch9-b:\n  claim: a lemma\n  paper: bound\n  ours: '{v}'\n  rule: [holds if v == 0, otherwise fails]\n")
+    (tmp_path / "ch9_test.yml").write_text(LEDGER_9)
     original = claims.specs
     monkeypatch.setattr(claims, "specs", lambda: original(tmp_path))
-    rows = pd.DataFrame([claims.judge("ch9-a", model="m", s=-0.1).__dict__,
-                         claims.judge("ch9-b", model="m", v=0).__dict__])
+    monkeypatch.setattr(repro, "models", lambda rows=None: ("m", "n"))
+    rows = pd.DataFrame([claims.judge("ch9-a", model="m", s=-0.1234).__dict__,
+                         claims.judge("ch9-a", model="n", s=-0.9).__dict__,
+                         claims.judge("ch9-b", model="synthetic", v=0).__dict__,
+                         claims.judge("ch9-c", model="synthetic", x=[0.5, 2.25]).__dict__])
     table = repro.glance(rows)
-    assert table.count("<tr>") == 2  # the header and the one headline claim
-    assert "weights &lt;vanish&gt;" in table and "slope -0.1" in table
-    assert '<span class="verdict verdict-not-reproduced">not reproduced</span>' in table
-    assert '<a href="../notebooks/ch9_test.html">test</a>' in table and "a lemma" not in table
+    assert table.count("<tr>") == 3  # the header, the headline claim, the claim that fails; not the lemma that holds
+    assert "Lemma 9" not in table
+    assert '<a href="../notebooks/ch9_test.html">weights vanish like <span class="math notranslate nohighlight">' \
+           '\\(1/L\\)</span></a>' in table
+    link = "../notebooks/ch5_reproducibility.html#claim-ch9-a"
+    assert f'<a class="verdict verdict-not-reproduced" href="{link}">not reproduced</a><br><small>slope -0.12' in table
+    assert f'<a class="verdict verdict-reproduced" href="{link}">reproduced</a><br><small>slope -0.90' in table
+    assert "<td>no</td>" in table and "same on every model?" in table  # the verdict depends on the model
+    assert '<td colspan="2"><a class="verdict verdict-fails" href="../notebooks/ch5_reproducibility.html#claim-ch9-c' \
+           '">fails</a><br><small>2.25 &gt; 1</small> <small>(synthetic data)</small>' in table
+    monkeypatch.setattr(repro, "models", lambda rows=None: ("m",))
+    assert "same on every model?" not in repro.glance(rows[rows.model != "n"])  # one model: nothing to compare
+    counts = repro.verdict_counts(rows)
+    assert counts == ('<p class="verdict-counts"><span class="verdict verdict-reproduced">reproduced</span> 1 '
+                      '<span class="verdict verdict-not-reproduced">not reproduced</span> 1 '
+                      '<span class="verdict verdict-holds">holds</span> 1 '
+                      '<span class="verdict verdict-fails">fails</span> 1</p>')
+
+
+def test_the_ledger_is_grouped_by_chapter_with_anchors_math_and_downloads(monkeypatch, tmp_path):
+    import base64
+    import io
+    import json
+
+    import pandas as pd
+
+    (tmp_path / "ch1_vanishing.yml").write_text(LEDGER_9)
+    original = claims.specs
+    monkeypatch.setattr(claims, "specs", lambda: original(tmp_path))
+    monkeypatch.setattr(repro, "models", lambda rows=None: ("m", "n"))
+    rows = pd.DataFrame([claims.judge("ch9-a", model="m", s=-0.1).__dict__,
+                         claims.judge("ch9-a", model="n", s=-0.9).__dict__,
+                         claims.judge("ch9-c", model="synthetic", x=[0.5, 2.25]).__dict__])
+    page = repro.ledger_html(rows)
+    assert page.count('<tr class="chapter">') == 1
+    assert '<a href="ch1_vanishing.html">Vanishing attention: Lemma 1 and Corollary 1</a>' in page  # its title
+    assert '<tr id="claim-ch9-a"><td><strong>weights vanish like <span class="math' in page
+    assert "weights &lt;vanish&gt;" in page
+    assert '<td colspan="2"><span class="verdict verdict-fails">fails</span><br><small>0.5, 2.25</small>' in page
+    assert "<small>rule: reproduced if s &lt; -0.8; otherwise not reproduced</small>" in page
+    links = dict(re.findall(r'download="([^"]+)" href="data:[^;]+(?:;charset=utf-8)?;base64,([^"]+)"',
+                            repro.downloads(rows)))
+    as_csv = pd.read_csv(io.StringIO(base64.b64decode(links["claims.csv"]).decode()))
+    assert list(as_csv.columns) == repro.RECORD_FIELDS and list(as_csv.verdict) == list(rows.verdict)
+    assert [json.loads(v) for v in as_csv["values"]] == list(rows["values"])
+    as_json = json.loads(base64.b64decode(links["claims.json"]))
+    assert as_json == rows[repro.RECORD_FIELDS].to_dict("records")
+    items = repro.depend_list(rows)
+    assert items.count("<li>") == 1 and 'href="../notebooks/ch5_reproducibility.html#claim-ch9-a"' in items
+    assert "m: <span class=\"verdict verdict-not-reproduced\">" in items
 
 
 def test_the_badges_of_the_first_page_use_the_figures_colours():
@@ -166,9 +222,10 @@ def test_provenance_tables_and_the_ledger_table_for_reading(build_records):
     assert list(prov.columns) == list(dict.fromkeys(repro.PROVENANCE_WHAT + repro.PROVENANCE_HOW))
     assert prov.loc[0, "weights sha256"] == "a" * 16 and prov.loc[0, "offsets"] == "0, 64"
     rows = pd.DataFrame([{"key": "ch9-a", "verdict": "fails", "chapter": "ch9", "claim": "E -> A for N << L",
-                          "paper": "p", "ours": "o", "rule": "r", "model": "synthetic"}])
-    page = repro.table(rows).to_html()
-    assert "N &lt;&lt; L" in page and f"background-color: {repro.figures.VERDICT_COLOURS['fails']}" in page
+                          "glance": "E -> A", "paper": "p", "ours": "o", "rule": "r", "model": "synthetic"}])
+    page = repro.ledger_html(rows)
+    assert "N &lt;&lt; L" in page and '<span class="verdict verdict-fails">fails</span>' in page
+    assert '<a href="ch9.html">ch9</a>' in page  # a chapter without a notebook: its name
 
 
 def test_the_uniform_share_of_an_encoder_is_one_over_l():

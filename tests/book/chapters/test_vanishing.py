@@ -66,6 +66,26 @@ def test_lemma1_facts():
     assert f["lemma1_violations"] == 0 and f["a_fig"] == 2.0 and f["T_small"] == 0.25
     assert f["c2_small"] == pytest.approx(math.exp(2 * 2.0 / 0.25), rel=1e-9)
     assert f["lemma1_tightest"] == pytest.approx(table.tightness.max())
+    assert f["lemma1_skipped"] == "none"
+
+
+def test_lemma1_leaves_out_the_bounds_on_which_f_leaves_float64():
+    """At T = 0.001, e^{l/T} is 0 or inf in float64 at -a and a for a >= 0.71: those (F, a) pairs are left out and
+    named (the chapter used to fail there), the others are checked and hold; the figure says so in its panel."""
+    family = V.positive_functions([0.001, 1.0])
+    skipped = V.lemma1_skipped(family)
+    assert skipped == [("softmax, T=0.001", a) for a in V.A_GRID if a / 0.001 > 709]
+    assert [a for _, a in skipped] == [1.0, 2.0, 4.0]  # a = 0.5 stays: e^{+-500} is a float64
+    table = V.lemma1_table(family, [4, 32], 20, gen())
+    small = table[table.F == "softmax, T=0.001"]
+    assert len(V.COMBOS) == 20  # 20 trials: one row per (a, pattern) and length
+    assert set(small.a) == {0.5} and len(small) == 2 * sum(1 for a, _ in V.COMBOS if a == 0.5)
+    assert set(table[table.F == "softplus"].a) == set(V.A_GRID)
+    f = V.lemma1_facts(table, [0.001, 1.0], skipped)
+    assert f["lemma1_violations"] == 0 and f["c2_small"] == "e^4000, beyond float64"
+    assert f["lemma1_skipped"] == "; ".join(f"softmax, T=0.001 with a = {a}" for a in (1, 2, 4))
+    fig = V.plot_lemma1(table, a=f["a_fig"])
+    assert any("not a float64" in t.get_text() for ax in fig.axes for t in ax.texts)
 
 
 def panel_columns(fig) -> int:
