@@ -117,8 +117,7 @@ figures.glue_figure("fig_ch5_verdicts", repro.verdict_figure(ledger))
 # named and written as in its chapter (e.g. $\tilde d$ for the distance of Theorem 1, $N_s/N$ for the
 # separability fraction of Theorem 2), over the claim; what the paper says, over the rule that decides the
 # verdict; and the verdict on each model with what was measured. It scrolls sideways where the column is too
-# narrow. The
-# records themselves, with every value measured, download as CSV or JSON above the table.
+# narrow. The records themselves, with every value measured, download as CSV or JSON above the table.
 #
 # :::{div} plain-glue
 # One window of text is one sample of the novel: a verdict that depends on the passage read is weaker

@@ -181,14 +181,28 @@ class _Template(string.Formatter):
 
 
 class _Brief(_Template):
-    """A ``brief`` template: each field is an expression of :func:`evaluate` over the values (``{min(slopes)}``)."""
+    """A ``brief`` template: each field is an expression of :func:`evaluate` over the values (``{min(slopes)}``).
+    A value it names must exist; an expression that has no value on these values (``min`` of an empty list, a
+    division by zero) is written ``n/a``: the brief only repeats what ``ours`` and the rule say."""
 
     def get_field(self, field_name, args, kwargs):
-        return evaluate(field_name, kwargs), field_name
+        names = {n.id for n in ast.walk(ast.parse(field_name, mode="eval")) if isinstance(n, ast.Name)}
+        missing = sorted(names - set(kwargs) - set(_FUNCTIONS))
+        if missing:
+            raise ValueError(f"it needs the value {missing[0]!r}; given: {sorted(kwargs)}")
+        try:
+            return evaluate(field_name, kwargs), field_name
+        except (ValueError, TypeError, ZeroDivisionError):
+            return float("nan"), field_name
 
     def format_field(self, value, format_spec):
         value = scalar(value)
-        return "n/a" if isinstance(value, float) and math.isnan(value) else super().format_field(value, format_spec)
+        if (isinstance(value, float) and math.isnan(value)) or (isinstance(value, (list, tuple)) and not value):
+            return "n/a"
+        try:
+            return super().format_field(value, format_spec)
+        except (TypeError, ValueError):  # a spec that does not fit the value (".2f" of a list)
+            return fmt(value)
 
 
 @dataclass(frozen=True)

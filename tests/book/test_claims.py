@@ -96,7 +96,9 @@ def test_judge_fills_the_template_and_records_the_rule(tmp_path, monkeypatch):
         "  brief: 'spread {spread:.2f}, {max(spread, 2 * n)} at most{\" (one)\" if n == 1 else \"\"}'\n"
         "  paper: collapse once T >= 1\n"
         "  ours: 'largest ratio {spread} over {n} temperatures, exact {spread:.6f}'\n"
-        "  rule: [reproduced if spread <= 1.25, otherwise not reproduced]\n  note: a note\n")
+        "  rule: [reproduced if spread <= 1.25, otherwise not reproduced]\n  note: a note\n"
+        "ch9-short:\n  claim: c\n  glance: g\n  brief: 'from {min(x):.2f} to {max(x)}; {y}'\n  paper: p\n"
+        "  ours: '{x}'\n  rule: [otherwise holds]\n")
     original = claims.specs
     monkeypatch.setattr(claims, "specs", lambda: original(tmp_path))
     row = claims.judge("ch9-collapse", model="smollm2-135m", spread=np.float64(1.2), n=12)
@@ -106,6 +108,10 @@ def test_judge_fills_the_template_and_records_the_rule(tmp_path, monkeypatch):
     assert row.values == {"spread": 1.2, "n": 12}
     assert row.glance == "collapse for $T \\ge 1$" and row.brief == "spread 1.20, 24 at most"
     assert claims.judge("ch9-collapse", model="m", spread=1.0, n=1).brief == "spread 1.00, 2 at most (one)"
+    assert claims.judge("ch9-short", model="m", x=[], y=1).brief == "from n/a to n/a; 1"  # nothing to take min of
+    assert claims.judge("ch9-short", model="m", x=[0.5, 2], y=1).brief == "from 0.50 to 2; 1"
+    with pytest.raises(ValueError, match="its brief .* needs the value 'y'"):
+        claims.judge("ch9-short", model="m", x=[1])
     assert claims.judge("ch9-collapse", model="m", spread=float("nan"), n=1).brief.startswith("spread n/a, ")
     assert claims.judge("ch9-collapse", model="m", spread=2, n=1).verdict == "not reproduced"
     with pytest.raises(ValueError, match="unknown claim 'ch9-nope'"):
