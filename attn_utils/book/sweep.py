@@ -278,7 +278,7 @@ def _client(cluster: Cluster) -> Iterator[Any]:
             yield client
         return
     n = cluster.workers or min(2, _cores())
-    with _scratch() as scratch, \
+    with _scratch() as scratch, _reaped(), \
             LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
                          dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR,
                          local_directory=str(scratch / "dask")) as cluster, \
@@ -287,6 +287,31 @@ def _client(cluster: Cluster) -> Iterator[Any]:
               f"scheduler {cluster.scheduler_address}", flush=True)
         _say_dashboard(client)
         yield client
+
+
+#: prctl(2)'s PR_SET_CHILD_SUBREAPER (Linux): orphaned descendants are reparented to this process, not to init
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+@contextmanager
+def _reaped() -> Iterator[None]:
+    """Every process that this one started, and their descendants, ended on exit: on Ctrl-C the workers die first,
+    and the kernels they started would live on (writing "Parent appears to have exited" after the sweep's last line).
+    On Linux this process becomes their subreaper, so that orphaned kernels stay its descendants and are found."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    try:
+        yield
+    finally:
+        left = psutil.Process().children(recursive=True)
+        for process in left:
+            try:
+                process.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(left, timeout=10)
 
 
 @contextmanager

@@ -28,7 +28,8 @@ BOOK_OF = ("import functools, sys; from pathlib import Path; "
 
 @pytest.fixture
 def sleepy_book(tmp_path):
-    """A book whose one notebook writes its kernel's PID to ``kernel.pid``, then sleeps."""
+    """A book whose one notebook (parameter ``seed``) writes its kernel's PID to ``kernel-<seed>.pid``, then
+    sleeps."""
     root = tmp_path / "proj"
     (root / "book").mkdir(parents=True)
     (root / "notebooks").mkdir()
@@ -36,9 +37,12 @@ def sleepy_book(tmp_path):
     (root / "book" / "intro.md").write_text("# Intro\n")
     (root / "_toc.yml").write_text("format: jb-book\nroot: book/intro\nchapters:\n  - file: notebooks/sleepy\n")
     (root / "notebooks" / "sleepy.py").write_text(textwrap.dedent(f'''\
+        # %% tags=["parameters"]
+        seed = 0
+
         # %%
         import os, time
-        open({str(tmp_path / "kernel.pid")!r}, "w").write(str(os.getpid()))
+        open(f"{tmp_path}/kernel-{{seed}}.pid", "w").write(str(os.getpid()))
         time.sleep(120)
         '''))
     return root
@@ -63,36 +67,44 @@ def _running(pid: int) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum, group", [(signal.SIGINT, True), (signal.SIGTERM, False)],
-                         ids=["ctrl-c", "sigterm"])
-def test_interrupted_book_ends_with_one_line_and_keeps_the_previous_book(sleepy_book, tmp_path, signum, group,
-                                                                         busy_cores):
-    out = tmp_path / "_build" / "html"
+@pytest.mark.parametrize("command, signum, group", [("book", signal.SIGINT, True), ("book", signal.SIGTERM, False),
+                                                    ("run", signal.SIGINT, True), ("sweep", signal.SIGINT, True)],
+                         ids=["book-ctrl-c", "book-sigterm", "run-ctrl-c", "sweep-ctrl-c"])
+def test_interrupted_command_ends_with_one_line_and_no_process_left(sleepy_book, tmp_path, command, signum, group,
+                                                                    busy_cores):
+    """Ctrl-C (SIGINT to the process group) or SIGTERM while a kernel runs a cell, with both cores busy: exit 130,
+    one line, the previous book kept, and no kernel left (a sweep's too, whose workers die first)."""
+    notebook = str(sleepy_book / "notebooks" / "sleepy.py")
+    out = tmp_path / ("_build/html" if command == "book" else "runs")
     out.mkdir(parents=True)
     (out / "index.html").write_text("the previous book")
-    build = subprocess.Popen([sys.executable, "-c", BOOK_OF, str(sleepy_book), "book", "--out", str(out)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    pid_file = tmp_path / "kernel.pid"
+    argv = {"book": ["book"], "run": ["run", notebook], "sweep": ["sweep", notebook, "-p", "seed", "0,1"]}[command]
+    process = subprocess.Popen([sys.executable, "-c", BOOK_OF, str(sleepy_book), *argv, "--out", str(out)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    started = 2 if command == "sweep" else 1
     deadline = time.monotonic() + 120
-    while not (pid_file.exists() and pid_file.read_text()) and build.poll() is None and time.monotonic() < deadline:
+    while (len([f for f in tmp_path.glob("kernel-*.pid") if f.read_text()]) < started and process.poll() is None
+           and time.monotonic() < deadline):
         time.sleep(0.2)
-    assert pid_file.exists(), build.communicate()
+    kernels = [int(f.read_text()) for f in tmp_path.glob("kernel-*.pid")]
+    assert len(kernels) == started, process.communicate()
     if group:
-        os.killpg(build.pid, signum)  # as Ctrl-C does: the whole foreground process group
+        os.killpg(process.pid, signum)  # as Ctrl-C does: the whole foreground process group
     else:
-        build.send_signal(signum)
-    _, err = build.communicate(timeout=180)  # generous: the kernel shuts down on a loaded machine too
-    assert build.returncode == 130
+        process.send_signal(signum)
+    _, err = process.communicate(timeout=180)  # generous: the kernel shuts down on a loaded machine too
+    assert process.returncode == 130
     assert "Traceback" not in err
-    assert err.strip().splitlines()[-1] == f"attn-companion book: interrupted; the previous book in {out} is kept"
+    kept = {"book": f"; the previous book in {out} is kept",
+            "sweep": f"; the finished runs in {out} are kept (a re-run skips them)"}.get(command, "")
+    assert err.strip().splitlines()[-1] == f"attn-companion {command}: interrupted{kept}"
     assert err.count("attn-companion") == 1
     assert (out / "index.html").read_text() == "the previous book"
     assert not list(out.parent.glob(".staging-*"))
-    kernel = int(pid_file.read_text())
     deadline = time.monotonic() + 10
-    while _running(kernel) and time.monotonic() < deadline:
+    while any(_running(k) for k in kernels) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _running(kernel)
+    assert not [k for k in kernels if _running(k)]
 
 
 @pytest.mark.parametrize("command", [["book"], ["run", "ch2_distance"], ["sweep", "ch2_distance", "-p", "N", "5,10"]])
