@@ -16,7 +16,7 @@ which, before it runs the kernel,
    devices, a ``/proc`` of the namespace, and the submission's folder as the only writable place;
    then ``pivot_root`` and the old root detached; the init is in a session of its own, so that no
    signal to a process group reaches outside;
-4. starts the kernel in that folder with resource limits (address space, processes, file size, no
+4. starts the kernel in that folder with resource limits (data memory, processes, file size, no
    core files), ``no_new_privs``, a clean environment, its output to a log in its folder, and, as root,
    the dedicated unprivileged uid and gid (no capability is left; without root the kernel runs as the
    grader's uid without any capability in its namespace).
@@ -49,7 +49,9 @@ __all__ = ["Jail", "Sandbox", "SandboxUnavailable", "probe"]
 
 SANDBOX_USER = "attn-sandbox"   # the dedicated account, if the machine has one (useradd --system attn-sandbox)
 DEFAULT_UID = 64_999            # else a uid with no account and no process, as root
-MEMORY_LIMIT = 4 << 30          # bytes of address space per process, and of memory for the whole sandbox (cgroup)
+# bytes of data memory per process (RLIMIT_DATA: heap and anonymous mappings, not the shared libraries, whose
+# address space alone is 3.6 GB for torch's CUDA build), and of memory for the whole sandbox (cgroup)
+MEMORY_LIMIT = 4 << 30
 PROCESS_LIMIT = 256             # processes (and threads) of the sandbox
 FILE_LIMIT = 256 << 20          # bytes per file written
 TMP_SIZE = "512m"               # the sandbox's /tmp (memory)
@@ -178,7 +180,7 @@ def _start_kernel(spec: dict, command: list[str]) -> int:
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
         import resource
 
-        for name, value in (("RLIMIT_AS", MEMORY_LIMIT), ("RLIMIT_NPROC", PROCESS_LIMIT),
+        for name, value in (("RLIMIT_DATA", MEMORY_LIMIT), ("RLIMIT_NPROC", PROCESS_LIMIT),
                             ("RLIMIT_FSIZE", FILE_LIMIT), ("RLIMIT_CORE", 0)):
             resource.setrlimit(getattr(resource, name), (value, value))
         report = os.dup(2)  # the launcher's stderr, for a failure before the kernel runs (closed by exec)
