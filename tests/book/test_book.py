@@ -202,7 +202,8 @@ return JSON.stringify({
   truncated: all('td, th').filter(c => ['...', '\u2026'].includes(c.innerText.trim())).length, unboxed: unboxed,
   tight: tight.slice(0, 5), cut: cut, numbered: numbered,
   left: all('table.output-table td.num', article).filter(c => getComputedStyle(c).textAlign !== 'right').length,
-  sideways: document.documentElement.scrollWidth - window.innerWidth});
+  sideways: document.documentElement.scrollWidth - window.innerWidth,
+  glance_wider: all('table.glance', article).map(t => t.scrollWidth - t.clientWidth)});
 """
 
 
@@ -288,6 +289,8 @@ def test_tables_equations_and_boxes_read_at_1280_px(at_1280):
                 problems.append(f"{page.name}: {kind}: {what}")
         if found["left"]:
             problems.append(f"{page.name}: {found['left']} numeric cells not right-aligned")
+        if any(w > 1 for w in found["glance_wider"]):  # the first page's table is read without scrolling
+            problems.append(f"{page.name}: the results at a glance scroll sideways by {found['glance_wider']} px")
     assert not problems, "\n".join(problems)
 
 
