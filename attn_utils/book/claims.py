@@ -271,8 +271,8 @@ def load(folder: Path | None = None) -> pd.DataFrame:
     or brief, written by hand or by an older version, shows its claim and ours there)."""
     columns = [*Claim.__dataclass_fields__, "notebook"]
     rows = pd.DataFrame(runlog.read("claims", folder), columns=columns)
-    rows["glance"] = rows.glance.where(rows.glance.fillna("") != "", rows.claim)
-    rows["brief"] = rows.brief.where(rows.brief.fillna("") != "", rows.ours)
+    rows["glance"] = rows.glance.where(rows.glance.astype(object).fillna("") != "", rows.claim)
+    rows["brief"] = rows.brief.where(rows.brief.astype(object).fillna("") != "", rows.ours)
     return rows.sort_values(["chapter", "key"], ignore_index=True)
 
 

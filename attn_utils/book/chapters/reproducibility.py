@@ -261,7 +261,7 @@ def table1() -> pd.DataFrame:
     paper time / our time (NaN where the algorithm did not run in this build)."""
     lead = (models() or ("",))[0]
     timings = pd.DataFrame(runlog.read("timings"), columns=["algorithm", "notebook", "model", "seconds"])
-    timings = timings[timings.model.fillna("").isin(["", lead])]  # the chapters' pages: the first model
+    timings = timings[timings.model.astype(object).fillna("").isin(["", lead])]  # the chapters' pages: the first model
     timings["algorithm"] = timings.algorithm.replace({"Algorithm 1": "Algorithms 1-2", "Algorithm 2": "Algorithms 1-2"})
     ours = timings.groupby("algorithm").seconds.sum()
     return pd.DataFrame([{
