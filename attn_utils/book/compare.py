@@ -81,8 +81,11 @@ def by_model(records: list[dict[str, Any]], chapter: str, models: tuple[str, ...
     return {k: rows[k] for k in order if k in rows}
 
 
-def _badge(verdict: str) -> str:
-    return f'<span class="verdict verdict-{verdict.replace(" ", "-")}">{html.escape(verdict)}</span>'
+def badge(verdict: str, href: str | None = None) -> str:
+    """A verdict in the colour of its figures (``_static/verdicts.css``), a link to ``href`` if given."""
+    css = f'verdict verdict-{verdict.replace(" ", "-")}'
+    return (f'<a class="{css}" href="{href}">{html.escape(verdict)}</a>' if href else
+            f'<span class="{css}">{html.escape(verdict)}</span>')
 
 
 def claims_table(rows: dict[str, dict[str, dict]], models: tuple[str, ...]) -> str:
@@ -95,7 +98,7 @@ def claims_table(rows: dict[str, dict[str, dict]], models: tuple[str, ...]) -> s
         for m in models:
             r = per.get(m)
             cells.append("<td>not recorded</td>" if r is None else
-                         f"<td>{_badge(r['verdict'])}<br><small>{html.escape(r['ours'])}</small></td>")
+                         f"<td>{badge(r['verdict'])}<br><small>{html.escape(r['ours'])}</small></td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     return (f'<div class="wide-table"><table class="models-table"><thead><tr>{head}</tr></thead>'
             f'<tbody>{"".join(body)}</tbody></table></div>')

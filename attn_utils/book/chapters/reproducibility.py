@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from attn_utils.book import claims, figures, runlog, sources
+from attn_utils.book.compare import badge
 from attn_utils.book.formatting import fmt
 
 PAPER_MODEL = "gpt2"
@@ -22,6 +23,8 @@ PAPER_TABLE_1 = {"Algorithms 1-2": (24 + 37, "no"), "Algorithm 3": (17 * 60 + 4,
 # the provenance records, split into two tables that fit the text column: what was measured, and how
 PROVENANCE_WHAT = ["notebook", "model", "weights sha256", "corpus", "corpus sha256"]
 PROVENANCE_HOW = ["notebook", "requested", "L", "offsets", "seed", "device"]
+# the page of this chapter, where the ledger's rows are (the first page links to them)
+LEDGER_PAGE = "ch5_reproducibility.html"
 
 
 def ledger() -> pd.DataFrame:
@@ -93,13 +96,6 @@ def tex(text: str) -> str:
     return "".join(html.escape(part) if i % 2 == 0 else
                    f'<span class="math notranslate nohighlight">\\({html.escape(part)}\\)</span>'
                    for i, part in enumerate(parts))
-
-
-def badge(verdict: str, href: str | None = None) -> str:
-    """A verdict in the colour of its figures (``_static/verdicts.css``), a link to ``href`` if given."""
-    css = f'verdict verdict-{verdict.replace(" ", "-")}'
-    return (f'<a class="{css}" href="{href}">{html.escape(verdict)}</a>' if href else
-            f'<span class="{css}">{html.escape(verdict)}</span>')
 
 
 def row_id(key: str) -> str:
@@ -290,7 +286,7 @@ def glance(rows: pd.DataFrame, link_prefix: str = "../notebooks/") -> str:
     several = len(measured) > 1  # with one model, "the same on every model" says nothing
     head = "".join(f"<th>{html.escape(h)}</th>" for h in ("claim of the paper", *measured,
                                                             *(["same on every model?"] if several else [])))
-    ledger_page = f"{link_prefix}ch5_reproducibility.html"
+    ledger_page = f"{link_prefix}{LEDGER_PAGE}"
     body = []
     for r in first.itertuples():
         cells = [f'<td><a href="{link_prefix}{r.chapter}.html">{tex(r.glance)}</a></td>']
@@ -328,7 +324,7 @@ def depend_list(rows: pd.DataFrame, link_prefix: str = "../notebooks/") -> str:
     for key in keys:
         own = rows[rows.key == key].set_index("model")
         said = ", ".join(f"{m}: {badge(own.verdict[m]) if m in own.index else 'not measured'}" for m in models(rows))
-        items.append(f'<li><a href="{link_prefix}ch5_reproducibility.html#{row_id(key)}">{tex(own.glance.iloc[0])}</a> '
+        items.append(f'<li><a href="{link_prefix}{LEDGER_PAGE}#{row_id(key)}">{tex(own.glance.iloc[0])}</a> '
                      f"({said})</li>")
     return f'<ul class="depend-list">{"".join(items)}</ul>'
 

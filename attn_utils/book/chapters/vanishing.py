@@ -151,13 +151,17 @@ def lemma1_facts(table: pd.DataFrame, Ts: Sequence[float], skipped: Sequence[tup
     a_fig = 2.0 if (table.a == 2.0).any() else float(table.a.iloc[0])
     T_small = min(Ts)
     exponent = 2 * a_fig / T_small  # C2 = e^{2a/T} of the softmax at T_small
+    try:
+        c2_small = math.exp(exponent)
+    except OverflowError:
+        c2_small = f"e^{exponent:.0f}, beyond float64"
     return {"lemma1_cases": len(table), "lemma1_n_F": table.F.nunique(), "lemma1_n_L": len(lengths),
             "lemma1_Lmin": int(lengths[0]), "lemma1_Lmax": int(lengths[-1]),
             "lemma1_violations": int((table.tightness > 1 + REL_TOL).sum()),
             "lemma1_tightest": float(table.tightness.max()),
             "lemma1_uniform_median": float(uniform.tightness.median()) if len(uniform) else float("nan"),
             "a_grid": list(A_GRID), "a_fig": a_fig, "T_small": T_small,
-            "c2_small": math.exp(exponent) if exponent < 709 else f"e^{exponent:.0f}, beyond float64",
+            "c2_small": c2_small,
             "lemma1_skipped": "; ".join(f"{name} with a = {fmt(a)}" for name, a in skipped) or "none"}
 
 

@@ -140,17 +140,19 @@ LEDGER_9 = ("ch9-a:\n  claim: weights <vanish>\n  glance: 'weights vanish like $
             "  ours: '{x}'\n  rule: [holds if max(x) <= 1, otherwise fails]\n")
 
 
-def test_glance_lists_headline_and_failing_claims_with_badges_that_link_to_the_ledger(monkeypatch, tmp_path):
-    import pandas as pd
-
-    (tmp_path / "ch9_test.yml").write_text(LEDGER_9)
+def judged_9(monkeypatch, tmp_path, chapter: str, *cases: tuple[str, str, dict]):
+    """The rows of :data:`LEDGER_9` stated as ``chapter``'s claims, judged per ``(key, model, values)``, in a build
+    of the models m and n."""
+    (tmp_path / f"{chapter}.yml").write_text(LEDGER_9)
     original = claims.specs
     monkeypatch.setattr(claims, "specs", lambda: original(tmp_path))
     monkeypatch.setattr(repro, "models", lambda rows=None: ("m", "n"))
-    rows = pd.DataFrame([claims.judge("ch9-a", model="m", s=-0.1234).__dict__,
-                         claims.judge("ch9-a", model="n", s=-0.9).__dict__,
-                         claims.judge("ch9-b", model="synthetic", v=0).__dict__,
-                         claims.judge("ch9-c", model="synthetic", x=[0.5, 2.25]).__dict__])
+    return pd.DataFrame([claims.judge(key, model=model, **values).__dict__ for key, model, values in cases])
+
+
+def test_glance_lists_headline_and_failing_claims_with_badges_that_link_to_the_ledger(monkeypatch, tmp_path):
+    rows = judged_9(monkeypatch, tmp_path, "ch9_test", ("ch9-a", "m", {"s": -0.1234}), ("ch9-a", "n", {"s": -0.9}),
+                    ("ch9-b", "synthetic", {"v": 0}), ("ch9-c", "synthetic", {"x": [0.5, 2.25]}))
     table = repro.glance(rows)
     assert table.count("<tr>") == 3  # the header, the headline claim, the claim that fails; not the lemma that holds
     assert "Lemma 9" not in table
@@ -176,15 +178,8 @@ def test_the_ledger_is_grouped_by_chapter_with_anchors_math_and_downloads(monkey
     import io
     import json
 
-    import pandas as pd
-
-    (tmp_path / "ch1_vanishing.yml").write_text(LEDGER_9)
-    original = claims.specs
-    monkeypatch.setattr(claims, "specs", lambda: original(tmp_path))
-    monkeypatch.setattr(repro, "models", lambda rows=None: ("m", "n"))
-    rows = pd.DataFrame([claims.judge("ch9-a", model="m", s=-0.1).__dict__,
-                         claims.judge("ch9-a", model="n", s=-0.9).__dict__,
-                         claims.judge("ch9-c", model="synthetic", x=[0.5, 2.25]).__dict__])
+    rows = judged_9(monkeypatch, tmp_path, "ch1_vanishing", ("ch9-a", "m", {"s": -0.1}), ("ch9-a", "n", {"s": -0.9}),
+                    ("ch9-c", "synthetic", {"x": [0.5, 2.25]}))
     page = repro.ledger_html(rows)
     assert page.count('<tr class="chapter">') == 1
     assert '<a href="ch1_vanishing.html">Vanishing attention: Lemma 1 and Corollary 1</a>' in page  # its title
