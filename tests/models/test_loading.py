@@ -1,3 +1,4 @@
+import math
 import os
 import shutil
 import socket
@@ -82,6 +83,34 @@ def test_gpt2_random_is_deterministic_for_a_seed(gpt2_random):
     other, _, prov_other = load_model("gpt2-random", seed=1)
     assert prov_other.weights_sha256 != prov.weights_sha256 and prov_other.seed == 1
     assert not torch.equal(other.transformer.h[3].attn.c_attn.weight, model.transformer.h[3].attn.c_attn.weight)
+
+
+@pytest.mark.slow
+def test_gpt2_random_weights_are_drawn_once_by_gpt2s_initialisation(gpt2_random):
+    """Every weight comes from GPT-2's init_weights (the modules' own initialisation is skipped, so a weight it did
+    not draw would be uninitialised memory): N(0, 0.02) for the embeddings and projections, N(0, 0.02 / sqrt(24))
+    for the residual projections c_proj, LayerNorms exactly 1 and 0, biases exactly 0, the head tied to wte; and
+    the same draw as GPT-2's recipe repeated here: the modules built without init, then ``init_weights`` after
+    ``torch.manual_seed(0)``."""
+    from transformers.initialization import no_init_weights
+
+    model, _, _ = gpt2_random
+    assert model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr()
+    for name, p in model.named_parameters():
+        p = p.detach().double()
+        if ".ln_" in name or name.startswith("transformer.ln_f"):
+            assert torch.all(p == (1.0 if name.endswith("weight") else 0.0)), name
+        elif name.endswith("bias"):
+            assert torch.all(p == 0), name
+        else:
+            std = 0.02 / math.sqrt(24) if name.endswith("c_proj.weight") else 0.02
+            assert abs(p.std().item() / std - 1) < 0.01 and abs(p.mean().item()) < 5 * std / math.sqrt(p.numel()), name
+    with torch.random.fork_rng(devices=[]):
+        with no_init_weights():
+            oracle = GPT2LMHeadModel._from_config(GPT2Config(), attn_implementation="eager")
+        torch.manual_seed(0)
+        oracle.init_weights()
+    assert torch.equal(oracle.transformer.h[11].mlp.c_proj.weight, model.transformer.h[11].mlp.c_proj.weight)
 
 
 def test_local_folder_with_safetensors_loads(tmp_path):
