@@ -1,5 +1,6 @@
 """The declared layers of attn_utils (pyproject.toml, [tool.importlinter]) hold, and their checker can fail."""
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -85,3 +86,13 @@ def test_the_mathematics_api_is_documented_and_complete():
         module = importlib.import_module(f"attn_utils.mathematics.{name}")
         callables = {n for n in module.__all__ if callable(getattr(module, n))}  # functions and classes, not constants
         assert callables <= set(api.__all__), (name, callables - set(api.__all__))
+
+
+def test_a_grading_kernel_imports_no_scipy_or_pandas():
+    """The package's names load with their module on first use: what an exercise notebook imports (the normalizers
+    and the checks) brings in neither scipy nor pandas (0.9 s per kernel, 15 kernels in a graded class)."""
+    code = ("import sys\nfrom attn_utils.mathematics import normalizers\nfrom attn_utils.classroom import exercises\n"
+            "import attn_utils.mathematics as api\nassert api.softmax is normalizers.softmax\n"
+            "print(sorted(m for m in ('scipy', 'pandas') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
