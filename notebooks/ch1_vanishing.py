@@ -169,6 +169,7 @@ gen = torch.Generator().manual_seed(p.seed)  # one stream for every synthetic dr
 # but for any fixed norms it comes back once $L\gg e^{2\Delta/T}$.
 
 # %% [markdown]
+# (ch1-check-lemma1)=
 # ## Synthetic check of Lemma 1
 #
 # We draw rows of logits for several positive functions $F$: the softmax at each temperature of
@@ -232,6 +233,7 @@ figures.glue_figure("fig_ch1_lemma1", vanishing.plot_lemma1(lemma1, a=f1["a_fig"
 # situation again on the trained model.
 
 # %% [markdown]
+# (ch1-check-corollary1)=
 # ## Synthetic check of Corollary 1
 #
 # Now the logits come from a query and keys, $l_i=q^\top k_i$ in dimension {glue:text}`d_syn`, and the bounds from
@@ -322,6 +324,7 @@ figures.glue_figure("fig_ch1_escape", vanishing.plot_escape(escape))
 # remedies cost elsewhere (gradients, separability) is the subject of later chapters.
 
 # %% [markdown]
+# (ch1-model)=
 # ## On a pretrained model
 #
 # The lemma is about one row and a fixed normalizer; in a causal language model row $t$ (counting
@@ -410,6 +413,7 @@ figures.glue_figure("fig_ch1_spread", vanishing.plot_spread(check.rows, session.
 # exactly the escape route the corollary leaves open.
 
 # %% [markdown]
+# (ch1-model-vanishing)=
 # ## Do the model's weights vanish like $1/t$?
 #
 # The bound is vacuous, so whether the weights of a real model shrink with the context is an empirical

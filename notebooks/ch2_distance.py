@@ -292,6 +292,7 @@ gen = torch.Generator().manual_seed(seed)  # every synthetic draw below comes fr
 # context.
 
 # %% [markdown]
+# (ch2-synthetic)=
 # ## Synthetic verification
 #
 # All synthetic checks run in float64 from the seeded generator. Instances come in six families, for
@@ -359,6 +360,7 @@ figures.glue_figure("fig_ch2_fixed_ratio", distance.fixed_ratio_figure(fixed))
 # {glue:text}`s_bad_refused`).
 
 # %% [markdown]
+# (ch2-synthetic-random)=
 # ### The random-set expectation and its Jensen residual
 #
 # For short rows the expectation over all $\binom LN$ subsets is computed exactly by enumeration
@@ -473,6 +475,7 @@ claims.record("ch2-cor2-synthetic", model="synthetic", failures=s["s_cor_fail"],
               ratio_offset=s["s_cor_offset_last"])
 
 # %% [markdown]
+# (ch2-model)=
 # ## The experiment on the pretrained model (Figure 2)
 #
 # The paper's Figure 2 has three panels, all averaged over the query positions of each head and then
@@ -500,6 +503,7 @@ weights, x, captured = distance.capture(session, vectors)
 table(pd.Series(session.summary()).rename_axis("model and window").reset_index(name="value"))
 
 # %% [markdown]
+# (ch2-model-rows)=
 # ### How the rows are evaluated
 #
 # The paper's loops average each statistic over all query rows $t$, and so does this chapter by default
@@ -551,6 +555,7 @@ table(sampling_error, index=True)
 # this run average {glue:text}`m_rows_text`.
 
 # %% [markdown]
+# (ch2-critical-n)=
 # ### The critical $N$ (panel (c))
 #
 # For each length $L'$ the grid holds the sizes $\lfloor0.06L'\rfloor$ (the paper's value), $L'/64$,

@@ -208,6 +208,7 @@ glue_values({"fig1_L": fig1.L, "fig1_N": fig1.N, "fig1_sigma": fig1.sigma, "fig1
 # role** in the statements proved below: they use only $\|x_i\|=M$ and the separation $\delta$.
 
 # %% [markdown]
+# (ch3-theorem2)=
 # ## Theorem 2: what can be proved and what cannot
 #
 # The paper's Theorem 2 sandwiches $\mathbb E[N_s]/N$ between a lower bound with a penalty proportional
@@ -345,6 +346,7 @@ claims.record("ch3-thm2-upper-counterexample", model="synthetic", **{k: cx[k] fo
 # {glue:text}`cx_lower`, holds, as it must.
 
 # %% [markdown]
+# (ch3-synthetic)=
 # ## Synthetic verification
 #
 # For each $\sigma$ in `sigmas` we draw `n_trials` instances: $L$ embeddings uniform on the sphere of
@@ -450,6 +452,7 @@ glue_values({"alg4_seconds": recorded["Algorithm 4"],
 # (every head, every $N$ of the grid; the time recorded for the run, which {doc}`ch5_reproducibility` sets beside
 # the paper's Table 1).
 #
+# (ch3-model-rows)=
 # ### Row by row: do the bounds hold on the model?
 #
 # Algorithm 4 returns per-head means. The lower bound is a statement about every single row, so we also
@@ -463,6 +466,7 @@ rowwise = separability.model_rowwise(captured.weights, x_model, separability.hea
 table(separability.rowwise_table(rowwise), caption="Theorem 2 row by row on the model")
 
 # %% [markdown]
+# (ch3-figure3)=
 # ### The paper's Figure 3
 #
 # Per $N$, the distribution over heads of the per-head mean fraction, with the means over heads of both
@@ -548,6 +552,7 @@ glue_values({f"{name}_verdict": claim.verdict for name, claim in verdicts.items(
 # true but reduce to the triangle inequality, $X_i\le M S_1$.
 
 # %% [markdown]
+# (ch3-heads)=
 # ## Several heads: the coverage arithmetic of the Discussion
 #
 # The paper's Discussion turns a per-head fraction into a multi-head one: if each of $H$ heads separates

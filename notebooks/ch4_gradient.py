@@ -171,6 +171,7 @@ figures.glue_figure("fig_ch4_two_logit", gradient.plot_two_logit(example))
 # where it saturates at $\sqrt2$.
 
 # %% [markdown]
+# (ch4-lemma2)=
 # ## Lemma 2: the Jacobian of a general normalizer
 #
 # The paper bounds the Jacobian of every normalizer of the form of Eq. (3),
@@ -243,6 +244,7 @@ claims.record("ch4-lemma2", model="synthetic", **gradient.claim_values("ch4-lemm
 # ```
 
 # %% [markdown]
+# (ch4-corollary3)=
 # ## Corollary 3 as the paper states it
 #
 # ```{prf:corollary} Corollary 3, softmax (the paper's statement, recovered)
@@ -372,6 +374,7 @@ for key in ("ch4-corollary3-entries", "ch4-corrected-spectral", "ch4-finite-diff
 # small-$T$ end of the paper's Figure 4.
 
 # %% [markdown]
+# (ch4-figure4)=
 # ## The paper's Figure 4 on the pretrained model
 #
 # Algorithm 5 of the paper, as we read it (`algorithms.gradient_sensitivity`): for each layer and

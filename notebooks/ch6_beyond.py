@@ -148,6 +148,7 @@ rng = torch.Generator().manual_seed(seed)   # every synthetic draw of the chapte
 # $|\alpha_i|$) and of the gradient only.
 
 # %% [markdown]
+# (ch6-lens1)=
 # ## Lens 1: who escapes Lemma 1, and why
 #
 # {prf:ref}`Lemma 1 <ch1-lemma1>` needs three things: the rule has the form of Eq. (3) with a positive
@@ -268,6 +269,7 @@ figures.glue_figure("fig_ch6_lemma1_synthetic", beyond.plot_lemma1_synthetic(lem
 # rule allows* (an outstanding key keeps its weight), not about typical rows.
 
 # %% [markdown]
+# (ch6-lenses23)=
 # ## Lenses 2 and 3: distance and separability, synthetic
 #
 # One elementary fact explains most of what the distance lens shows, for every normalizer.
@@ -366,6 +368,7 @@ claims.record("ch6-distance-count", model="synthetic", **geometry.claim());
 # ({numref}`fig-ch6-separability-synthetic`) is {glue:text}`syn_sep_at_Nmax`; {glue:text}`syn_support_short`.
 
 # %% [markdown]
+# (ch6-lens4)=
 # ## Lens 4: gradients
 #
 # The paper's Corollary 3 concerns softmax; {doc}`ch4_gradient` corrected it to
@@ -465,6 +468,7 @@ claims.record("ch6-jacobians", model="synthetic", **gradient.claim());
 # between keys.
 
 # %% [markdown]
+# (ch6-model)=
 # ## The four lenses on the pretrained model
 #
 # We feed one window of the corpus to the model and capture, for every layer and head, the queries,
@@ -673,6 +677,7 @@ if {"self_adjust", "self_adjust_normalized"} & set(names) and "softmax" in names
     claims.record("ch6-self-adjust-gradient", model=session.name, **gradient_model.self_adjust_claim());
 
 # %% [markdown]
+# (ch6-long)=
 # ## Beyond 1024 tokens: how the paper's curves continue
 #
 # The paper stops at GPT-2's context of 1024 tokens. {glue:text}`long_text` On a causal model the rows
@@ -724,6 +729,7 @@ glue_values({**long.prose(lemma_model), "dist_long_verdict": distance_claim.verd
 # {glue:text}`cont_ssmax` for scalable softmax. These are one window of one model: longer rows are
 # also later positions in the text, so length and position are confounded, as in {doc}`ch1_vanishing`.
 #
+# (ch6-heads)=
 # ## Several heads: is the coverage arithmetic right?
 #
 # The paper's Discussion argues that if each of $H$ heads separates a fraction $p$ of the top-$N$

@@ -47,16 +47,23 @@ for _name, _value in {
 # tests that share nothing costly with their neighbours: xdist may run each on any worker
 SPREAD = ("tests/cli/test_documented_commands.py::test_documented_run_executes[",
           "tests/cli/test_documented_commands.py::test_documented_courses_are_graded")
+# modules that share a costly first step, run by one worker: the capture tests load the embedded models that the
+# loading tests convert (Gemma-3 about 45 s), and would otherwise wait for the other worker's conversion
+TOGETHER = {"tests/models/test_capture.py": "tests/models/test_loading.py"}
 
 
 class ModuleScheduling(LoadScopeScheduling):
     """xdist's scheduling by scope, the scope of a test being its module (one worker runs a module's tests in a
     row, so its module and session fixtures are set up once: the whole-book build of tests/book/test_book.py runs
-    once), except the tests of :data:`SPREAD`, each a scope of its own. (``--dist loadgroup`` would say this with
-    markers, but xdist 3.8 cannot group tests under pytest 9.2, whose node ids it no longer rewrites.)"""
+    once), except the tests of :data:`SPREAD`, each a scope of its own, and the modules of :data:`TOGETHER`, which
+    share one (in file order, so each module's fixtures are still set up once). (``--dist loadgroup`` would say
+    this with markers, but xdist 3.8 cannot group tests under pytest 9.2, whose node ids it no longer rewrites.)"""
 
     def _split_scope(self, nodeid: str) -> str:
-        return nodeid if nodeid.startswith(SPREAD) else nodeid.split("::", 1)[0]
+        if nodeid.startswith(SPREAD):
+            return nodeid
+        module = nodeid.split("::", 1)[0]
+        return TOGETHER.get(module, module)
 
 
 @pytest.fixture(scope="session")

@@ -3,10 +3,12 @@
 A claim is data. ``attn_utils/book/ledger/<chapter>.yml`` states, per key: the claim, its short name for the
 tables (``glance``, with ``$...$`` math), a short template of the number that decides it (``brief``, whose fields
 are expressions of the measured values, e.g. ``{min(slopes):.2f}``), what the paper says, a template of what we
-measured (``ours``, whose ``{name}`` fields are filled with :func:`formatting.fmt`), and the rule that turns the
-measured values into a verdict, e.g.::
+measured (``ours``, whose ``{name}`` fields are filled with :func:`formatting.fmt`), the rule that turns the
+measured values into a verdict, and the label of the section of the chapter that measures it (``section``, a MyST
+target ``(label)=`` of the notebook, where the ledger links), e.g.::
 
     ch4-fig4-collapse:
+      section: ch4-figure4
       claim: For T >= 1 the curves of the three eps collapse
       glance: "Fig. 4: the curves collapse for $T \\ge 1$"
       brief: "spread {spread:.2f}"
@@ -151,6 +153,7 @@ class ClaimSpec:
     headline: bool = False    # one of the paper's headline claims, shown on the book's first page
     glance: str = ""          # its short name ("" in a spec made in code: the claim)
     brief: str = ""           # the short template of its deciding number ("": ours)
+    section: str = ""         # the label of the section of its chapter that measures it ("": the chapter)
 
 
 REQUIRED = ("claim", "glance", "brief", "paper", "ours", "rule")
@@ -164,14 +167,14 @@ def specs(folder: Path = LEDGER_DIR) -> dict[str, ClaimSpec]:
         for key, entry in (yaml.safe_load(path.read_text()) or {}).items():
             if key in found:
                 raise ValueError(f"claim {key!r} is stated twice ({path.name} and {found[key].chapter}.yml)")
-            unknown = set(entry) - {*REQUIRED, "note", "headline"}
+            unknown = set(entry) - {*REQUIRED, "note", "headline", "section"}
             if unknown or not set(REQUIRED) <= set(entry):
                 raise ValueError(f"{path.name}: claim {key!r} needs {', '.join(REQUIRED)} (and may have note, "
-                                 f"headline); got {sorted(entry)}")
+                                 f"headline, section); got {sorted(entry)}")
             found[key] = ClaimSpec(key=key, chapter=path.stem, claim=entry["claim"], paper=entry["paper"],
                                    ours=entry["ours"], rule=Rule.parse(entry["rule"]), note=entry.get("note", ""),
                                    headline=bool(entry.get("headline", False)), glance=entry["glance"],
-                                   brief=entry["brief"])
+                                   brief=entry["brief"], section=entry.get("section", ""))
     return found
 
 

@@ -93,6 +93,28 @@ def test_first_page_has_the_results_at_a_glance(built_book):
 
 
 @pytest.mark.slow
+def test_every_internal_link_lands_on_a_page_and_an_anchor(built_book):
+    """Every link of the pages to another page of the book finds that page, and its ``#fragment`` an element with
+    that id there (the ledger's and the first page's links to the sections that measure each claim among them)."""
+    root, ids, broken, checked = built_book.html.resolve(), {}, [], 0
+    for page in [root / "index.html", *_pages(built_book.html)]:
+        for href in re.findall(r'href="([^"#:]*)(?:#([^"]*))?"', page.read_text()):
+            path, fragment = href
+            target = (page.parent / path).resolve() if path else page
+            if target.suffix != ".html" or root not in target.parents:
+                continue
+            checked += 1
+            if not target.is_file():
+                broken.append(f"{page.relative_to(root)}: {path} (no such page)")
+            elif fragment:
+                if target not in ids:
+                    ids[target] = set(re.findall(r'\bid="([^"]+)"', target.read_text()))
+                if html.unescape(fragment) not in ids[target]:
+                    broken.append(f"{page.relative_to(root)}: {path}#{fragment} (no such anchor)")
+    assert checked > 500 and not broken, "\n".join(broken[:20])
+
+
+@pytest.mark.slow
 def test_claims_ledger_is_filled(built_book):
     ledger = claims.load(built_book.records)
     assert len(ledger) >= 10

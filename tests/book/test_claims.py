@@ -90,9 +90,20 @@ def test_every_stated_claim_has_a_valid_rule_and_template():
             assert not re.search(r"\bch\d-prop-", text), f"{key}: an internal label in {text!r}"
 
 
+def test_every_claim_names_a_section_of_its_chapter():
+    """``section`` is a MyST target ``(label)=`` of the claim's notebook (the ledger and the first page link there;
+    the built book's link check finds each anchor)."""
+    from attn_utils.book import build
+
+    for key, spec in claims.specs().items():
+        source = (build.NOTEBOOK_DIR / f"{spec.chapter}.py").read_text()
+        target = source.find(f"\n# ({spec.section})=\n")
+        assert spec.section and target >= 0, f"{key}: no target ({spec.section})= in notebooks/{spec.chapter}.py"
+
+
 def test_judge_fills_the_template_and_records_the_rule(tmp_path, monkeypatch):
     (tmp_path / "ch9_test.yml").write_text(
-        "ch9-collapse:\n  claim: curves collapse\n  glance: 'collapse for $T \\ge 1$'\n"
+        "ch9-collapse:\n  section: ch9-model\n  claim: curves collapse\n  glance: 'collapse for $T \\ge 1$'\n"
         "  brief: 'spread {spread:.2f}, {max(spread, 2 * n)} at most{\" (one)\" if n == 1 else \"\"}'\n"
         "  paper: collapse once T >= 1\n"
         "  ours: 'largest ratio {spread} over {n} temperatures, exact {spread:.6f}'\n"

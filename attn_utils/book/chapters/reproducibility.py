@@ -98,6 +98,13 @@ def tex(text: str) -> str:
                    for i, part in enumerate(parts))
 
 
+def section_href(key: str, chapter: str, link_prefix: str = "") -> str:
+    """The address of the section that measures claim ``key`` of ``chapter``: its page, at the label of
+    ``ClaimSpec.section`` (the page alone for a record of a claim no ledger file states)."""
+    spec = claims.specs().get(key)
+    return f"{link_prefix}{chapter}.html" + (f"#{spec.section}" if spec and spec.section else "")
+
+
 def row_id(key: str) -> str:
     """The anchor of claim ``key``'s row in the ledger (the first page's badges link to it)."""
     return f"claim-{key}"
@@ -105,9 +112,9 @@ def row_id(key: str) -> str:
 
 def ledger_html(rows: pd.DataFrame, across: dict | None = None, link_prefix: str = "") -> str:
     """The ledger for reading: one table, grouped by chapter (a heading row that links to it), one row per claim
-    (anchor :func:`row_id`) with its statement (math typeset) over the claim, what the paper says over the rule,
-    per model the badge and what was measured (one cell across the models for a statement checked on synthetic
-    data), and the windows' column with ``across``."""
+    (anchor :func:`row_id`) with its statement (math typeset, linking to the section that measures it) over the
+    claim, what the paper says over the rule, per model the badge and what was measured (one cell across the models
+    for a statement checked on synthetic data), and the windows' column with ``across``."""
     table = wide(rows, across)
     measured = [m for m in models(rows) if m in table.columns]
     rest = [c for c in table.columns if c not in ("chapter", "statement", "claim", "paper", "rule",
@@ -123,7 +130,8 @@ def ledger_html(rows: pd.DataFrame, across: dict | None = None, link_prefix: str
         body.append(f'<tr class="chapter"><th colspan="{len(head)}"><a href="{link_prefix}{chapter}.html">'
                     f'{html.escape(sources.chapter_title(chapter))}</a></th></tr>')
         for key, r in group.iterrows():
-            cells = [f"<td><strong>{tex(r.statement)}</strong><br><small>{html.escape(r.claim)}</small></td>",
+            cells = [f'<td><a href="{section_href(key, chapter, link_prefix)}"><strong>{tex(r.statement)}</strong></a>'
+                     f"<br><small>{html.escape(r.claim)}</small></td>",
                      f"<td>{html.escape(r.paper)}<br><small>rule: {html.escape(r.rule)}</small></td>"]
             if r.get(claims.SYNTHETIC):
                 cells.append(f'<td colspan="{max(len(measured), 1)}">{said(r[claims.SYNTHETIC])} '
@@ -275,9 +283,10 @@ def totals(table_1: pd.DataFrame) -> dict:
 
 def glance(rows: pd.DataFrame, link_prefix: str = "../notebooks/") -> str:
     """The book's first page: an HTML table with one row per headline claim of the paper and per claim that fails,
-    in chapter order: its short name (math typeset) linking to its chapter; per model of the build the verdict's
-    badge, a link to its row of the ledger, over the deciding number (``brief``), or one cell across the models for a
-    statement checked on synthetic data; whether the verdict is the same on every model (with several)."""
+    in chapter order: its short name (math typeset) linking to the section that measures it; per model of the build
+    the verdict's badge, a link to its row of the ledger, over the deciding number (``brief``), or one cell across
+    the models for a statement checked on synthetic data; whether the verdict is the same on every model (with
+    several)."""
     shown_keys = [key for key, spec in claims.specs().items() if spec.headline
                   or (rows[rows.key == key].verdict == "fails").any()]
     measured = models(rows)
@@ -289,7 +298,7 @@ def glance(rows: pd.DataFrame, link_prefix: str = "../notebooks/") -> str:
     ledger_page = f"{link_prefix}{LEDGER_PAGE}"
     body = []
     for r in first.itertuples():
-        cells = [f'<td><a href="{link_prefix}{r.chapter}.html">{tex(r.glance)}</a></td>']
+        cells = [f'<td><a href="{section_href(r.key, r.chapter, link_prefix)}">{tex(r.glance)}</a></td>']
         own = rows[rows.key == r.key].set_index("model")
 
         def cell(m: str) -> str:

@@ -131,7 +131,8 @@ def test_summary_counts_and_table_1(build_records):
     assert len(set(repro.figures.VERDICT_COLOURS.values())) == len(repro.figures.VERDICT_COLOURS)
 
 
-LEDGER_9 = ("ch9-a:\n  claim: weights <vanish>\n  glance: 'weights vanish like $1/L$'\n  brief: 'slope {s:.2f}'\n"
+LEDGER_9 = ("ch9-a:\n  section: ch1-model\n  claim: weights <vanish>\n  glance: 'weights vanish like $1/L$'\n"
+            "  brief: 'slope {s:.2f}'\n"
             "  paper: like 1/L\n  ours: 'slope {s}'\n"
             "  rule: [reproduced if s < -0.8, otherwise not reproduced]\n  headline: true\n"
             "ch9-b:\n  claim: a lemma\n  glance: Lemma 9\n  brief: '{v} violations'\n  paper: bound\n  ours: '{v}'\n"
@@ -156,8 +157,8 @@ def test_glance_lists_headline_and_failing_claims_with_badges_that_link_to_the_l
     table = repro.glance(rows)
     assert table.count("<tr>") == 3  # the header, the headline claim, the claim that fails; not the lemma that holds
     assert "Lemma 9" not in table
-    assert '<a href="../notebooks/ch9_test.html">weights vanish like <span class="math notranslate nohighlight">' \
-           '\\(1/L\\)</span></a>' in table
+    assert '<a href="../notebooks/ch9_test.html#ch1-model">weights vanish like <span class="math notranslate ' \
+           'nohighlight">\\(1/L\\)</span></a>' in table  # to the section that measures it
     link = "../notebooks/ch5_reproducibility.html#claim-ch9-a"
     assert f'<a class="verdict verdict-not-reproduced" href="{link}">not reproduced</a><br><small>slope -0.12' in table
     assert f'<a class="verdict verdict-reproduced" href="{link}">reproduced</a><br><small>slope -0.90' in table
@@ -183,7 +184,8 @@ def test_the_ledger_is_grouped_by_chapter_with_anchors_math_and_downloads(monkey
     page = repro.ledger_html(rows)
     assert page.count('<tr class="chapter">') == 1
     assert '<a href="ch1_vanishing.html">Vanishing attention: Lemma 1 and Corollary 1</a>' in page  # its title
-    assert '<tr id="claim-ch9-a"><td><strong>weights vanish like <span class="math' in page
+    assert ('<tr id="claim-ch9-a"><td><a href="ch1_vanishing.html#ch1-model"><strong>weights vanish like '
+            '<span class="math') in page  # the statement links to the section that measures it
     assert "weights &lt;vanish&gt;" in page
     assert '<td colspan="2"><span class="verdict verdict-fails">fails</span><br><small>0.5, 2.25</small>' in page
     assert "<small>rule: reproduced if s &lt; -0.8; otherwise not reproduced</small>" in page
