@@ -17,6 +17,7 @@ from typing import Any
 import nbformat
 
 from attn_utils.book import claims, runlog
+from attn_utils.book.formatting import tex
 
 #: the figures of each chapter shown once per model (glued names; the first model's is the one in the chapter), each
 #: with what it draws: the caption's title and the alt text's description (the model's name is added to both)
@@ -94,11 +95,11 @@ def claims_table(rows: dict[str, dict[str, dict]], models: tuple[str, ...]) -> s
     body = []
     for per in rows.values():
         claim = next(iter(per.values()))["claim"]
-        cells = [f"<td>{html.escape(claim)}</td>"]
+        cells = [f"<td>{tex(claim)}</td>"]
         for m in models:
             r = per.get(m)
             cells.append("<td>not recorded</td>" if r is None else
-                         f"<td>{badge(r['verdict'])}<br><small>{html.escape(r['ours'])}</small></td>")
+                         f"<td>{badge(r['verdict'])}<br><small>{tex(r['ours'])}</small></td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     return (f'<div class="wide-table"><table class="models-table"><thead><tr>{head}</tr></thead>'
             f'<tbody>{"".join(body)}</tbody></table></div>')

@@ -7,6 +7,7 @@ does the bookkeeping of all its numbers in one hidden cell.
 """
 from __future__ import annotations
 
+import html
 import math
 import numbers
 from collections.abc import Mapping
@@ -141,3 +142,60 @@ def parameter_table(p, caption: str = "The parameters of this run"):
              SPECS[name].doc if name in SPECS else "") for name in p.given]
     frame = pd.DataFrame(rows, columns=["parameter", "value", "meaning"])
     return table(frame, caption=caption)
+
+
+# a long formula of a table cell may break before these, where they stand outside every bracket: relations, sums,
+# a binary minus or a quotient, and a factor: a bracket (" (") or a sum
+BREAK_BEFORE = ("\\leq", "\\geq", "\\le", "\\ge", "\\approx", "\\to", "=", "<", ">", "+", " - ", " / ", "/",
+                " (", "\\sum")
+OPERATORS = BREAK_BEFORE[:-2]  # the pieces that start with one keep its binary spacing
+LONG_MATH = 16  # characters of TeX: a shorter formula is never broken
+
+
+def _may_break(formula: str, start: int, i: int, op: str) -> bool:
+    """Whether a piece may end before ``op`` at ``i``: not after ``_``, ``^`` or ``{``; a quotient written without
+    spaces only after a bracket (``(a + b)/c``, not ``N_s/N``); a factor (a bracket, a sum) not right after an
+    operator (``\\le (a)``, ``= \\sum_i``)."""
+    before = formula[:i].rstrip()[-1:]
+    if before in ("_", "^", "{"):
+        return False
+    if op == "/":
+        return before == ")"
+    if op in (" (", "\\sum"):
+        return formula[start:i].strip().lstrip("{}") not in {o.strip() for o in OPERATORS}
+    return True
+
+
+def math_pieces(formula: str) -> list[str]:
+    """``formula`` (TeX) cut before each of :data:`BREAK_BEFORE` that stands outside every bracket (not after ``_``
+    or ``^``), a piece that starts with an operator prefixed with ``{}`` so that MathJax keeps its binary spacing; a
+    formula of under :data:`LONG_MATH` characters stays whole. Inline math does not wrap, so a long formula in a
+    table cell would otherwise set the width of its column."""
+    if len(formula) < LONG_MATH:
+        return [formula]
+    pieces, depth, start, i = [], 0, 0, 0
+    while i < len(formula):
+        c = formula[i]
+        if c == "\\" and formula[i + 1:i + 2] in "{}()[]|":  # an escaped bracket or a norm bar
+            i += 2
+            continue
+        op = next((o for o in BREAK_BEFORE if formula.startswith(o, i)
+                   and not (o[0] == "\\" and formula[i + len(o):i + len(o) + 1].isalpha())), None)
+        if op and depth == 0 and i > start and _may_break(formula, start, i, op):
+            pieces.append(formula[start:i].strip())
+            start = i
+        depth += (c in "{([") - (c in "})]")
+        i += 1 if op in (None, " (", "\\sum") else len(op)
+    pieces = [p for p in [*pieces, formula[start:].strip()] if p]
+    return [("{}" + p if n and p.startswith(tuple(o.strip() for o in OPERATORS)) else p)
+            for n, p in enumerate(pieces)]
+
+
+def tex(text: str) -> str:
+    """``text`` as HTML, each ``$...$`` of it as inline math that MathJax typesets (as Sphinx writes it), a long
+    formula in pieces that a line may break between (:func:`math_pieces`): the ledger's texts and short names in
+    the tables of the book."""
+    parts = text.split("$")
+    return "".join(html.escape(part) if i % 2 == 0 else "<wbr>".join(
+        f'<span class="math notranslate nohighlight">\\({html.escape(piece)}\\)</span>' for piece in math_pieces(part))
+        for i, part in enumerate(parts))

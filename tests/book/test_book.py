@@ -178,13 +178,13 @@ def _pages(html: Path) -> list[Path]:
 ABSOLUTE_PATH = re.compile(r"(?<![\w.~])/(?:tmp|work|home|root|Users|usr|var)/\S+")
 IMAGE_PATH = re.compile(r"\.(?:png|svg|jpe?g|gif)\b|^[_./]|\b(?:notebooks|_images|_build|image)/|\bcell\d", re.I)
 
-# What the tests below check of a page, read in one pass once MathJax has typeset it: the count of typeset math, the
-# text, the images that did not load, the glued values, every image of the text (its numbered caption, its alt text,
-# whether it stays sharp when zoomed, whether a click opens it full size), the table cells that pandas truncated,
-# tables wider than their container without a scroll box of their own; the layout defects (cells of tables with
-# under 4 px of horizontal padding, display equations wider than their column, statement boxes whose title carries
-# a number of the book, which would name another result than the paper's, numeric cells not right-aligned); and
-# how far the page scrolls sideways.
+# What the tests below check of a page, read in one pass once MathJax has typeset it: the count of typeset math and
+# its errors, the text, the images that did not load, the glued values, every image of the text (its numbered caption,
+# its alt text, whether it stays sharp when zoomed, whether a click opens it full size), the table cells that pandas
+# truncated, tables wider than their container without a scroll box of their own; the layout defects (cells of
+# tables with under 4 px of horizontal padding, display equations wider than their column, statement boxes whose
+# title carries a number of the book, which would name another result than the paper's, numeric cells not
+# right-aligned, the results at a glance and the ledger wider than the column); and how far the page scrolls sideways.
 SEEN = """
 const article = document.querySelector('article') || document.body;
 const all = (selector, root) => Array.from((root || document).querySelectorAll(selector));
@@ -219,13 +219,14 @@ const numbered = all('div.proof > p.admonition-title', article).map(t => t.inner
   .filter(t => /^(Definition|Theorem|Lemma|Corollary|Proposition|Remark|Assumption|Conjecture|Example)\\s+\\d/.test(t));
 return JSON.stringify({
   n_math: all('mjx-container').length, text: document.body.innerText,
+  math_errors: all('mjx-merror').map(e => e.getAttribute('data-mjx-error') || e.innerText).slice(0, 5),
   broken: Array.from(document.images).filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src),
   glued: all('.pasted-text, .pasted-inline').map(e => e.innerText), images: images,
   truncated: all('td, th').filter(c => ['...', '\u2026'].includes(c.innerText.trim())).length, unboxed: unboxed,
   tight: tight.slice(0, 5), cut: cut, numbered: numbered,
   left: all('table.output-table td.num', article).filter(c => getComputedStyle(c).textAlign !== 'right').length,
   sideways: document.documentElement.scrollWidth - window.innerWidth,
-  glance_wider: all('table.glance', article).map(t => t.scrollWidth - t.clientWidth)});
+  unscrolled_wider: all('table.glance, table.ledger', article).map(t => t.scrollWidth - t.clientWidth)});
 """
 
 
@@ -262,6 +263,7 @@ def test_pages_render_in_a_browser(at_1280):
         if 'class="math' in page.read_text():
             assert seen["typeset"] is True, f"{page.name}: MathJax did not load"
             assert seen["n_math"] > 0, f"{page.name}: no typeset math"
+        assert not seen["math_errors"], f"{page.name}: TeX that MathJax cannot typeset: {seen['math_errors']}"
         text, glued = seen["text"], seen["glued"]
         for raw in ("\\(", "\\)", "\\[", "$$"):
             assert raw not in text, f"{page.name}: raw TeX {raw!r} left in the page"
@@ -311,8 +313,9 @@ def test_tables_equations_and_boxes_read_at_1280_px(at_1280):
                 problems.append(f"{page.name}: {kind}: {what}")
         if found["left"]:
             problems.append(f"{page.name}: {found['left']} numeric cells not right-aligned")
-        if any(w > 1 for w in found["glance_wider"]):  # the first page's table is read without scrolling
-            problems.append(f"{page.name}: the results at a glance scroll sideways by {found['glance_wider']} px")
+        if any(w > 1 for w in found["unscrolled_wider"]):  # the results at a glance and the ledger, without scrolling
+            problems.append(f"{page.name}: the results at a glance or the ledger scroll sideways by "
+                            f"{found['unscrolled_wider']} px")
     assert not problems, "\n".join(problems)
 
 

@@ -77,6 +77,12 @@ def test_malformed_rules_are_refused(lines, message):
         Rule.parse(lines)
 
 
+# math written in ASCII: comparisons, norms, arrows, a symbol's subscript (not a value's name: slope_misfit) and
+# powers, the paper's symbols spelled out
+ASCII_MATH = re.compile(r"<=|>=|\|\||->|\b(?:[A-Za-z]|alpha|abar|xi|eps|delta|theta|sum|max|min)_[\w{]|\w\^|\babar\b"
+                        r"|\balpha\b|\bd~|\bTheta\(|\bDelta\b")
+
+
 def test_every_stated_claim_has_a_valid_rule_and_template():
     stated = claims.specs()
     assert stated, "no claim files in attn_utils/book/ledger"
@@ -88,6 +94,10 @@ def test_every_stated_claim_has_a_valid_rule_and_template():
         assert len(spec.glance) <= 100, f"{key}: the short name is not short: {spec.glance!r}"
         for text in (spec.claim, spec.glance, spec.paper, spec.note):  # a reader sees names, not the book's labels
             assert not re.search(r"\bch\d-prop-", text), f"{key}: an internal label in {text!r}"
+        for text in (spec.claim, spec.paper, spec.ours, spec.note):  # the tables typeset math: none is ASCII
+            assert text.count("$") % 2 == 0, f"{key}: an unclosed $ in {text!r}"
+            prose = re.sub(r"\{[^{}]*\}", "", " ".join(text.split("$")[::2]))  # without the template's {fields}
+            assert not ASCII_MATH.search(prose), f"{key}: ASCII math {ASCII_MATH.search(prose)[0]!r} in {text!r}"
 
 
 def test_every_claim_names_a_section_of_its_chapter():

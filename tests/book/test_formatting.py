@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 from hypothesis import given, strategies as st
 
-from attn_utils.book.formatting import NUMERIC_CLASS, TABLE_CLASS, column_format, table
+from attn_utils.book.formatting import LONG_MATH, NUMERIC_CLASS, TABLE_CLASS, column_format, math_pieces, table, tex
 
 
 def cells(html: str) -> list[tuple[str, str]]:
@@ -75,3 +75,53 @@ def test_the_parameter_table_lists_every_given_parameter_with_its_value_and_mean
     html = parameter_table(p).to_html()
     assert ">gpt2-random<" in html and ">64<" in html and ">1, 2, 4<" in html and ">None<" in html
     assert SPECS["L"].doc in html and html.count("<tr>") == 1 + 4
+
+
+THEOREM_1 = r"\tilde d \le (1 - \bar\alpha_N) d_1 + \max_j \|x_j\| (\bar\alpha_N (L - N) - (1 - \bar\alpha_N))"
+
+
+def _depth_before(formula: str, i: int) -> int:
+    """The bracket depth at position i (a loop: the reference for :func:`math_pieces`)."""
+    depth, j = 0, 0
+    while j < i:
+        if formula[j] == "\\" and formula[j + 1:j + 2] in "{}()[]|":
+            j += 2
+            continue
+        depth += (formula[j] in "{([") - (formula[j] in "})]")
+        j += 1
+    return depth
+
+
+def test_a_long_formula_breaks_before_its_top_level_relations_and_sums():
+    assert math_pieces(THEOREM_1) == [r"\tilde d", r"{}\le (1 - \bar\alpha_N) d_1", r"{}+ \max_j \|x_j\|",
+                                      r"(\bar\alpha_N (L - N) - (1 - \bar\alpha_N))"]
+    # a quotient after a bracket, not N_s/N; a factor's bracket, not right after an operator
+    assert math_pieces(r"(\max_k |F'_k| + \|\alpha\|_2 \|F'\|_2)/(L \min_j F_j)") == [
+        r"(\max_k |F'_k| + \|\alpha\|_2 \|F'\|_2)", r"{}/(L \min_j F_j)"]
+    assert math_pieces(r"N_s/N \le \frac{1}{N} \sum_i \exp(-(\xi_i - r)_+^2)")[0] == "N_s/N"
+    assert math_pieces(r"e^{-2 \Delta/T}/L \le \alpha_i \le e^{2 \Delta/T}/L")[1:] == [r"{}\le \alpha_i",
+                                                                                      r"{}\le e^{2 \Delta/T}/L"]
+    short = r"N_s/N \le 1 + x"
+    assert len(short) < LONG_MATH and math_pieces(short) == [short]
+    # never inside a bracket, a command name (\leq, \text{...}) or right after a sub- or superscript
+    assert math_pieces(r"\exp(-(\xi_i - r)_+^2 / (2 M^2)) \text{ with } a = b + c_{+} + d^+ + e") == [
+        r"\exp(-(\xi_i - r)_+^2 / (2 M^2)) \text{ with } a", "{}= b", r"{}+ c_{+}", r"{}+ d^+", "{}+ e"]
+    html = tex(f"bound: ${THEOREM_1}$.")
+    assert html.startswith("bound: <span class=\"math") and html.count("<wbr>") == 3 and html.endswith("</span>.")
+
+
+@given(st.lists(st.sampled_from(["a", "x_i", r"\le", "=", "+", "-", "(", ")", "{", "}", r"\|", "^", "_", " ",
+                                 r"\alpha", r"\frac{1}{2}"]), min_size=0, max_size=40))
+def test_the_pieces_are_the_formula_cut_at_top_level_operators(tokens):
+    formula = " ".join(tokens)
+    pieces = math_pieces(formula)
+    assert "".join(p.removeprefix("{}") if n else p for n, p in enumerate(pieces)).replace(" ", "") == \
+        formula.replace(" ", "")
+    position = 0
+    for n, piece in enumerate(pieces):
+        body = piece.removeprefix("{}") if n else piece
+        position = formula.index(body, position)
+        if n:  # each cut is at a top-level operator of BREAK_BEFORE
+            assert _depth_before(formula, position) == 0 and body.startswith(("\\le", "\\ge", "=", "+", "-", "/", " /",
+                                                                               "(", "\\sum"))
+        position += len(body)

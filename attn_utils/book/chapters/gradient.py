@@ -25,7 +25,7 @@ import seaborn as sns
 import torch
 
 from attn_utils.book import figures
-from attn_utils.book.formatting import fmt
+from attn_utils.book.formatting import fmt, tex
 from attn_utils.mathematics import theory
 from attn_utils.mathematics.fitting import loglog_fit
 from attn_utils.mathematics.normalizers import causal_mask
@@ -429,5 +429,6 @@ def g_table(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def verdict_table(recorded: dict) -> pd.DataFrame:
-    """The ledger rows of ``recorded`` (key: :class:`attn_utils.book.claims.Claim`) as claim, ours, verdict."""
-    return pd.DataFrame([{"claim": c.claim, "ours": c.ours, "verdict": c.verdict} for c in recorded.values()])
+    """The ledger rows of ``recorded`` (key: :class:`attn_utils.book.claims.Claim`) as claim, ours, verdict, for the
+    page (HTML, its math typeset)."""
+    return pd.DataFrame([{"claim": tex(c.claim), "ours": tex(c.ours), "verdict": c.verdict} for c in recorded.values()])

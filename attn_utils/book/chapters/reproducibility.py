@@ -13,7 +13,7 @@ import pandas as pd
 
 from attn_utils.book import claims, figures, runlog, sources
 from attn_utils.book.compare import badge
-from attn_utils.book.formatting import fmt
+from attn_utils.book.formatting import fmt, tex
 
 PAPER_MODEL = "gpt2"
 # The paper's Table 1 (Appendix B): minutes on an Apple M1 Pro, and whether the run was parallel. Our distance
@@ -90,14 +90,6 @@ def wide(rows: pd.DataFrame, across: dict | None = None) -> pd.DataFrame:
     return table
 
 
-def tex(text: str) -> str:
-    """``text`` as HTML, each ``$...$`` of it as inline math that MathJax typesets (as Sphinx writes it)."""
-    parts = text.split("$")
-    return "".join(html.escape(part) if i % 2 == 0 else
-                   f'<span class="math notranslate nohighlight">\\({html.escape(part)}\\)</span>'
-                   for i, part in enumerate(parts))
-
-
 def section_href(key: str, chapter: str, link_prefix: str = "") -> str:
     """The address of the section that measures claim ``key`` of ``chapter``: its page, at the label of
     ``ClaimSpec.section`` (the page alone for a record of a claim no ledger file states)."""
@@ -112,18 +104,19 @@ def row_id(key: str) -> str:
 
 def ledger_html(rows: pd.DataFrame, across: dict | None = None, link_prefix: str = "") -> str:
     """The ledger for reading: one table, grouped by chapter (a heading row that links to it), one row per claim
-    (anchor :func:`row_id`) with its statement (math typeset, linking to the section that measures it) over the
-    claim, what the paper says over the rule, per model the badge and what was measured (one cell across the models
-    for a statement checked on synthetic data), and the windows' column with ``across``."""
+    (anchor :func:`row_id`) with, in its first cell, its statement (math typeset, linking to the section that
+    measures it) over the claim, what the paper says and the rule; per model the badge and what was measured (one
+    cell across the models for a statement checked on synthetic data), and the windows' column with ``across``. Four
+    columns for three models: the table fits the text column at 1280 px."""
     table = wide(rows, across)
     measured = [m for m in models(rows) if m in table.columns]
     rest = [c for c in table.columns if c not in ("chapter", "statement", "claim", "paper", "rule",
                                                   claims.SYNTHETIC, *measured)]
-    head = ["statement", "the paper; our rule", *(measured or [claims.SYNTHETIC]), *rest]
+    head = ["statement: the claim, the paper, our rule", *(measured or [claims.SYNTHETIC]), *rest]
 
     def said(value: str) -> str:
         verdict, _, ours = value.partition(": ")
-        return f"{badge(verdict)}<br><small>{html.escape(ours)}</small>" if value else ""
+        return f"{badge(verdict)}<br><small>{tex(ours)}</small>" if value else ""
 
     body = []
     for chapter, group in table.groupby("chapter", sort=False):
@@ -131,8 +124,8 @@ def ledger_html(rows: pd.DataFrame, across: dict | None = None, link_prefix: str
                     f'{html.escape(sources.chapter_title(chapter))}</a></th></tr>')
         for key, r in group.iterrows():
             cells = [f'<td><a href="{section_href(key, chapter, link_prefix)}"><strong>{tex(r.statement)}</strong></a>'
-                     f"<br><small>{html.escape(r.claim)}</small></td>",
-                     f"<td>{html.escape(r.paper)}<br><small>rule: {html.escape(r.rule)}</small></td>"]
+                     f"<br><small>{tex(r.claim)}</small><br><small><em>the paper:</em> {tex(r.paper)}</small>"
+                     f"<br><small><em>rule:</em> {html.escape(r.rule)}</small></td>"]
             if r.get(claims.SYNTHETIC):
                 cells.append(f'<td colspan="{max(len(measured), 1)}">{said(r[claims.SYNTHETIC])} '
                              f"<small>(synthetic data)</small></td>")

@@ -188,7 +188,8 @@ def test_the_ledger_is_grouped_by_chapter_with_anchors_math_and_downloads(monkey
             '<span class="math') in page  # the statement links to the section that measures it
     assert "weights &lt;vanish&gt;" in page
     assert '<td colspan="2"><span class="verdict verdict-fails">fails</span><br><small>0.5, 2.25</small>' in page
-    assert "<small>rule: reproduced if s &lt; -0.8; otherwise not reproduced</small>" in page
+    assert ("<br><small><em>the paper:</em> like 1/L</small><br><small><em>rule:</em> reproduced if s &lt; -0.8; "
+            "otherwise not reproduced</small></td>") in page  # under the statement: four columns for three models
     links = dict(re.findall(r'download="([^"]+)" href="data:[^;]+(?:;charset=utf-8)?;base64,([^"]+)"',
                             repro.downloads(rows)))
     as_csv = pd.read_csv(io.StringIO(base64.b64decode(links["claims.csv"]).decode()))
