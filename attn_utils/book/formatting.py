@@ -145,7 +145,7 @@ def parameter_table(p, caption: str = "The parameters of this run"):
 
 
 # a long formula of a table cell may break before these, where they stand outside every bracket: relations, sums,
-# a binary minus or a quotient, and a factor: a bracket (" (") or a sum
+# a binary minus or a quotient, and a factor: a bracket (" (") or a sum; and after ", " (the items of a set)
 BREAK_BEFORE = ("\\leq", "\\geq", "\\le", "\\ge", "\\approx", "\\to", "=", "<", ">", "+", " - ", " / ", "/",
                 " (", "\\sum")
 OPERATORS = BREAK_BEFORE[:-2]  # the pieces that start with one keep its binary spacing
@@ -168,7 +168,8 @@ def _may_break(formula: str, start: int, i: int, op: str) -> bool:
 
 def math_pieces(formula: str) -> list[str]:
     """``formula`` (TeX) cut before each of :data:`BREAK_BEFORE` that stands outside every bracket (not after ``_``
-    or ``^``), a piece that starts with an operator prefixed with ``{}`` so that MathJax keeps its binary spacing; a
+    or ``^``) and after each such ", " (the items of ``\\{a, b\\}``: TeX's escaped braces are no group), a piece
+    that starts with an operator prefixed with ``{}`` so that MathJax keeps its binary spacing; a
     formula of under :data:`LONG_MATH` characters stays whole. Inline math does not wrap, so a long formula in a
     table cell would otherwise set the width of its column."""
     if len(formula) < LONG_MATH:
@@ -176,6 +177,12 @@ def math_pieces(formula: str) -> list[str]:
     pieces, depth, start, i = [], 0, 0, 0
     while i < len(formula):
         c = formula[i]
+        sized = next((w for w in ("\\left", "\\right") if formula.startswith(w, i)
+                      and not formula[i + len(w):i + len(w) + 1].isalpha()), None)  # not \leftarrow
+        if sized:  # \left and \right pair their delimiters, whatever they are: a bracket of their own
+            depth += 1 if sized == "\\left" else -1
+            i += len(sized) + (2 if formula[i + len(sized):i + len(sized) + 1] == "\\" else 1)
+            continue
         if c == "\\" and formula[i + 1:i + 2] in "{}()[]|":  # an escaped bracket or a norm bar
             i += 2
             continue
@@ -184,6 +191,9 @@ def math_pieces(formula: str) -> list[str]:
         if op and depth == 0 and i > start and _may_break(formula, start, i, op):
             pieces.append(formula[start:i].strip())
             start = i
+        elif c == "," and depth == 0 and formula[i + 1:i + 2] == " ":  # an item of a set \{a, b\}
+            pieces.append(formula[start:i + 1].strip())
+            start = i + 1
         depth += (c in "{([") - (c in "})]")
         i += 1 if op in (None, " (", "\\sum") else len(op)
     pieces = [p for p in [*pieces, formula[start:].strip()] if p]

@@ -99,6 +99,13 @@ def test_a_long_formula_breaks_before_its_top_level_relations_and_sums():
     assert math_pieces(r"(\max_k |F'_k| + \|\alpha\|_2 \|F'\|_2)/(L \min_j F_j)") == [
         r"(\max_k |F'_k| + \|\alpha\|_2 \|F'\|_2)", r"{}/(L \min_j F_j)"]
     assert math_pieces(r"N_s/N \le \frac{1}{N} \sum_i \exp(-(\xi_i - r)_+^2)")[0] == "N_s/N"
+    # after the comma of a set's items (TeX's \{ \} are no group), not inside a bracket
+    assert math_pieces(r"\min\{1/(2T), \sqrt{2}/\varepsilon\}") == [r"\min\{1/(2T),", r"\sqrt{2}/\varepsilon\}"]
+    interval = r"\alpha_i \in [e^{-2\Delta/T}, e^{2\Delta/T}]/L"
+    assert math_pieces(interval) == [interval]
+    # \left ... \right is a bracket whatever its delimiters (a cut inside would be TeX that MathJax refuses)
+    assert math_pieces(r"\left\{a + b, c\right\} \leftarrow d + e") == [r"\left\{a + b, c\right\} \leftarrow d",
+                                                                       "{}+ e"]
     assert math_pieces(r"e^{-2 \Delta/T}/L \le \alpha_i \le e^{2 \Delta/T}/L")[1:] == [r"{}\le \alpha_i",
                                                                                       r"{}\le e^{2 \Delta/T}/L"]
     short = r"N_s/N \le 1 + x"
@@ -121,7 +128,8 @@ def test_the_pieces_are_the_formula_cut_at_top_level_operators(tokens):
     for n, piece in enumerate(pieces):
         body = piece.removeprefix("{}") if n else piece
         position = formula.index(body, position)
-        if n:  # each cut is at a top-level operator of BREAK_BEFORE
-            assert _depth_before(formula, position) == 0 and body.startswith(("\\le", "\\ge", "=", "+", "-", "/", " /",
-                                                                               "(", "\\sum"))
+        if n:  # each cut is at a top-level operator of BREAK_BEFORE, or after a top-level ", "
+            assert _depth_before(formula, position) == 0
+            assert body.startswith(("\\le", "\\ge", "=", "+", "-", "/", "(", "\\sum")) or \
+                formula[:position].rstrip().endswith(",")
         position += len(body)
