@@ -48,14 +48,21 @@ _COMPARE = {ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.
             ast.NotIn: lambda a, b: a not in b}
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
            ast.Pow: operator.pow}
+def _span(values: Sequence[float], spec: str) -> str:
+    """``"a to b"``: the least and the largest of ``values`` written with the format ``spec``; one number where both
+    read the same (``"0.81"``, not ``"0.81 to 0.81"``)."""
+    low, high = format(min(values), spec), format(max(values), spec)
+    return low if low == high else f"{low} to {high}"
+
+
 _FUNCTIONS = {"abs": abs, "min": min, "max": max, "all": all, "any": any, "len": len, "isnan": math.isnan,
-              "isfinite": math.isfinite}
+              "isfinite": math.isfinite, "span": _span}
 
 
 def evaluate(expression: str, values: Mapping[str, Any]) -> Any:
     """Value of a rule's condition (or of a field of a brief): comparisons (chained too), ``and``/``or``/``not``,
     ``x if c else y``, arithmetic, numbers, strings, lists, the named values and ``abs min max all any len isnan
-    isfinite``; nothing else can run."""
+    isfinite`` and ``span(values, format)`` (a brief's range, :func:`_span`); nothing else can run."""
     def ev(node):
         if isinstance(node, ast.Expression):
             return ev(node.body)

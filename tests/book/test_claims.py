@@ -148,3 +148,10 @@ def test_judge_fills_the_template_and_records_the_rule(tmp_path, monkeypatch):
     claims.record("ch9-collapse", model="m", spread=torch.tensor(1.0), n=3)
     ledger = claims.load()
     assert ledger.loc[0, "verdict"] == "reproduced" and ledger.loc[0, "values"] == {"spread": 1.0, "n": 3}
+
+
+def test_a_brief_writes_a_range_once_when_both_ends_read_the_same():
+    brief = claims.specs()["ch2-fig2c-critical-n"].brief
+    assert claims._Brief().format(brief, fractions=[0.8125, 0.8149]) == "$N/L$ = 0.81"
+    assert claims._Brief().format(brief, fractions=[0.5, 0.62, 0.55]) == "$N/L$ = 0.50 to 0.62"
+    assert evaluate("span(x, '.0%')", {"x": [0.1, 0.25]}) == "10% to 25%"
