@@ -48,6 +48,8 @@ _COMPARE = {ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.
             ast.NotIn: lambda a, b: a not in b}
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
            ast.Pow: operator.pow}
+
+
 def _span(values: Sequence[float], spec: str) -> str:
     """``"a to b"``: the least and the largest of ``values`` written with the format ``spec``; one number where both
     read the same (``"0.81"``, not ``"0.81 to 0.81"``)."""

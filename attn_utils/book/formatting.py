@@ -144,11 +144,13 @@ def parameter_table(p, caption: str = "The parameters of this run"):
     return table(frame, caption=caption)
 
 
-# a long formula of a table cell may break before these, where they stand outside every bracket: relations, sums,
-# a binary minus or a quotient, and a factor: a bracket (" (") or a sum; and after ", " (the items of a set)
-BREAK_BEFORE = ("\\leq", "\\geq", "\\le", "\\ge", "\\approx", "\\to", "=", "<", ">", "+", " - ", " / ", "/",
-                " (", "\\sum")
-OPERATORS = BREAK_BEFORE[:-2]  # the pieces that start with one keep its binary spacing
+# a long formula of a table cell may break before these, where they stand outside every bracket: an operator
+# (a relation, a sum, a binary minus, a quotient; the piece it starts keeps its binary spacing) or a factor (a
+# bracket, a sum); and after ", " (the items of a set)
+OPERATORS = ("\\leq", "\\geq", "\\le", "\\ge", "\\approx", "\\to", "=", "<", ">", "+", " - ", " / ", "/")
+FACTORS = (" (", "\\sum")
+BREAK_BEFORE = OPERATORS + FACTORS
+_OPERATOR_STARTS = tuple(dict.fromkeys(o.strip() for o in OPERATORS))
 LONG_MATH = 16  # characters of TeX: a shorter formula is never broken
 
 
@@ -161,8 +163,8 @@ def _may_break(formula: str, start: int, i: int, op: str) -> bool:
         return False
     if op == "/":
         return before == ")"
-    if op in (" (", "\\sum"):
-        return formula[start:i].strip().lstrip("{}") not in {o.strip() for o in OPERATORS}
+    if op in FACTORS:
+        return formula[start:i].strip().lstrip("{}") not in _OPERATOR_STARTS
     return True
 
 
@@ -195,10 +197,9 @@ def math_pieces(formula: str) -> list[str]:
             pieces.append(formula[start:i + 1].strip())
             start = i + 1
         depth += (c in "{([") - (c in "})]")
-        i += 1 if op in (None, " (", "\\sum") else len(op)
+        i += len(op) if op in OPERATORS else 1  # a factor's own text is scanned for brackets
     pieces = [p for p in [*pieces, formula[start:].strip()] if p]
-    return [("{}" + p if n and p.startswith(tuple(o.strip() for o in OPERATORS)) else p)
-            for n, p in enumerate(pieces)]
+    return [("{}" + p if n and p.startswith(_OPERATOR_STARTS) else p) for n, p in enumerate(pieces)]
 
 
 def tex(text: str) -> str:
