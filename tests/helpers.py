@@ -2,7 +2,11 @@
 live in the ``conftest.py`` of the folder whose tests use them. The loop reference is ``reference``."""
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import jupytext
@@ -30,6 +34,21 @@ def causal_attention(seed, layers=LAYERS, heads=HEADS, L=L, d=D, scale=2.0):
 
 def close(a, b, rtol=1e-10, atol=1e-12):
     np.testing.assert_allclose(np.asarray(a, dtype=float), np.asarray(b, dtype=float), rtol=rtol, atol=atol)
+
+
+@contextmanager
+def busy_cores():
+    """One process per core spinning for the duration of the block (killed after): what runs inside, such as an
+    interruption and the shutdown that follows, runs with every core busy and must not depend on timing. Started
+    only around the moment under test, so that the rest of the suite (the other pytest worker) is not slowed for the
+    whole test."""
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        yield
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
 
 
 # --- the small book (tests/book/test_book.py builds it; tests/cli/test_documented_commands.py scales to it) -------

@@ -369,24 +369,48 @@ def _dequantise(model: Embedded, source: Path, out: Path) -> None:
 
 @contextmanager
 def _one_parse_per_gguf():
-    """transformers reads a GGUF's header again for the config, the weights and the tokenizer, and each reading parses
-    every metadata field (Gemma-3's 262,144 vocabulary strings: about 13 s); within this block the readers of one
-    file are one (``gguf.GGUFReader`` memoised per path and mode; the reader only reads its memory map)."""
-    import gguf
+    """transformers reads a GGUF again and again within one conversion; within this block each reading is done once:
 
-    original, readers = gguf.GGUFReader, {}
+    - the header, which it parses for the config, the weights and the tokenizer, every metadata field each time
+      (Gemma-3's 262,144 vocabulary strings: about 13 s): ``gguf.GGUFReader`` memoised per path and mode (the reader
+      only reads its memory map);
+    - the config, read twice (``AutoConfig`` and the weights' loader): transformers' ``load_gguf_checkpoint`` without
+      tensors memoised per path, each caller getting its own deep copy;
+    - the table of tensor names, built again for each of the model's 397 modules (SmolLM2; about 8 s):
+      ``gguf.get_tensor_name_map`` memoised per architecture and depth (the map is only read).
+    """
+    import copy
+
+    import gguf
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    originals = gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint
+    readers, name_maps, configs = {}, {}, {}
 
     def reader(path, mode="r"):
         key = (os.fspath(path), mode)
         if key not in readers:
-            readers[key] = original(path, mode)
+            readers[key] = originals[0](path, mode)
         return readers[key]
 
-    gguf.GGUFReader = reader
+    def name_map(arch, n_blocks):
+        if (arch, n_blocks) not in name_maps:
+            name_maps[arch, n_blocks] = originals[1](arch, n_blocks)
+        return name_maps[arch, n_blocks]
+
+    def checkpoint(path, return_tensors=False, **kwargs):
+        if return_tensors or kwargs:
+            return originals[2](path, return_tensors, **kwargs)
+        key = os.fspath(path)
+        if key not in configs:
+            configs[key] = originals[2](path)
+        return copy.deepcopy(configs[key])
+
+    gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint = reader, name_map, checkpoint
     try:
         yield
     finally:
-        gguf.GGUFReader = original
+        gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint = originals
 
 
 def _convert(model: Embedded, folder: Path) -> None:

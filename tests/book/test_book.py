@@ -230,30 +230,46 @@ return JSON.stringify({
 """
 
 
-def _seen(html: Path, width: int, height: int) -> dict[Path, dict]:
-    """:data:`SEEN` of every page of the book, at ``width`` x ``height`` px, in one browser."""
+SIDEWAYS = """
+const done = arguments[arguments.length - 1];
+const sideways = () => document.documentElement.scrollWidth - window.innerWidth;
+requestAnimationFrame(() => requestAnimationFrame(() => done(sideways())));
+"""
+
+
+def _seen(html: Path) -> tuple[dict[Path, dict], dict[Path, dict]]:
+    """:data:`SEEN` of every page of the book at 1280 x 2000 px, and, the same page resized to a phone's 400 x 900 px,
+    how far it scrolls sideways: one load of each page in one browser. (The resize reads what a load at 400 px would:
+    the theme's layout is CSS, and MathJax 3's CHTML output does not depend on the width, having no line breaking.)"""
     driver = _browser()
     driver.set_script_timeout(30)
-    seen = {}
+    at_1280, at_400 = {}, {}
     try:
-        driver.set_window_size(width, height)
         for page in _pages(html):
+            driver.set_window_size(1280, 2000)
             driver.get(page.as_uri())
             typeset = driver.execute_async_script(WAIT_FOR_MATHJAX)
-            seen[page] = {**json.loads(driver.execute_script(SEEN)), "typeset": typeset}
+            at_1280[page] = {**json.loads(driver.execute_script(SEEN)), "typeset": typeset}
+            driver.set_window_size(400, 900)
+            at_400[page] = {"sideways": driver.execute_async_script(SIDEWAYS)}
     finally:
         driver.quit()
-    return seen
+    return at_1280, at_400
 
 
 @pytest.fixture(scope="module")
-def at_1280(built_book) -> dict[Path, dict]:
-    return _seen(built_book.html, 1280, 2000)
+def seen(built_book) -> tuple[dict[Path, dict], dict[Path, dict]]:
+    return _seen(built_book.html)
 
 
 @pytest.fixture(scope="module")
-def at_400(built_book) -> dict[Path, dict]:
-    return _seen(built_book.html, 400, 900)
+def at_1280(seen) -> dict[Path, dict]:
+    return seen[0]
+
+
+@pytest.fixture(scope="module")
+def at_400(seen) -> dict[Path, dict]:
+    return seen[1]
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ import pytest
 from attn_utils import cli
 
 from attn_utils.book import build
+from helpers import busy_cores
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,17 +49,6 @@ def sleepy_book(tmp_path):
     return root
 
 
-@pytest.fixture
-def busy_cores():
-    """Two processes that keep two cores busy while the test runs (killed after): the interruption must not
-    depend on timing."""
-    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
-    yield
-    for burner in burners:
-        burner.kill()
-        burner.wait()
-
-
 def _running(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -70,10 +60,9 @@ def _running(pid: int) -> bool:
 @pytest.mark.parametrize("command, signum, group", [("book", signal.SIGINT, True), ("book", signal.SIGTERM, False),
                                                     ("run", signal.SIGINT, True), ("sweep", signal.SIGINT, True)],
                          ids=["book-ctrl-c", "book-sigterm", "run-ctrl-c", "sweep-ctrl-c"])
-def test_interrupted_command_ends_with_one_line_and_no_process_left(sleepy_book, tmp_path, command, signum, group,
-                                                                    busy_cores):
-    """Ctrl-C (SIGINT to the process group) or SIGTERM while a kernel runs a cell, with both cores busy: exit 130,
-    one line, the previous book kept, and no kernel left (a sweep's too, whose workers die first)."""
+def test_interrupted_command_ends_with_one_line_and_no_process_left(sleepy_book, tmp_path, command, signum, group):
+    """Ctrl-C (SIGINT to the process group) or SIGTERM while a kernel runs a cell: exit 130, one line, the previous
+    book kept, and no kernel left (a sweep's too, whose workers die first); from the signal on, every core is busy."""
     notebook = str(sleepy_book / "notebooks" / "sleepy.py")
     out = tmp_path / ("_build/html" if command == "book" else "runs")
     out.mkdir(parents=True)
@@ -88,11 +77,15 @@ def test_interrupted_command_ends_with_one_line_and_no_process_left(sleepy_book,
         time.sleep(0.2)
     kernels = [int(f.read_text()) for f in tmp_path.glob("kernel-*.pid")]
     assert len(kernels) == started, process.communicate()
-    if group:
-        os.killpg(process.pid, signum)  # as Ctrl-C does: the whole foreground process group
-    else:
-        process.send_signal(signum)
-    _, err = process.communicate(timeout=180)  # generous: the kernel shuts down on a loaded machine too
+    with busy_cores():
+        if group:
+            os.killpg(process.pid, signum)  # as Ctrl-C does: the whole foreground process group
+        else:
+            process.send_signal(signum)
+        _, err = process.communicate(timeout=180)  # generous: the kernel shuts down on a loaded machine too
+        deadline = time.monotonic() + 10
+        while any(_running(k) for k in kernels) and time.monotonic() < deadline:
+            time.sleep(0.2)
     assert process.returncode == 130
     assert "Traceback" not in err
     kept = {"book": f"; the previous book in {out} is kept",
@@ -101,9 +94,6 @@ def test_interrupted_command_ends_with_one_line_and_no_process_left(sleepy_book,
     assert err.count("attn-companion") == 1
     assert (out / "index.html").read_text() == "the previous book"
     assert not list(out.parent.glob(".staging-*"))
-    deadline = time.monotonic() + 10
-    while any(_running(k) for k in kernels) and time.monotonic() < deadline:
-        time.sleep(0.2)
     assert not [k for k in kernels if _running(k)]
 
 
