@@ -76,6 +76,7 @@ benchmark: $(STAMP)
 	$(PY) benchmarks/bench_gpu.py
 	$(PY) benchmarks/bench_models.py --minilm
 	$(PY) benchmarks/bench_gpt2_random.py
+	$(PY) benchmarks/bench_conversion.py
 
 # the built book, its run records and the execution cache
 clean:

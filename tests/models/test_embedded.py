@@ -220,3 +220,35 @@ def test_the_models_are_described_as_what_they_are():
         assert fact in known["minilm-l6"]
     for name, model in EMBEDDED.items():
         assert all(pin in known[name] for pin in model.distributions)
+
+
+def test_one_parse_per_gguf_reads_what_gguf_and_transformers_read(tmp_path):
+    """Within a conversion, the GGUF reader (memoised, its slices plain arrays) gives the fields and tensors of gguf's
+    own reader, byte for byte; the config read twice is read once, each caller getting a copy of its own; the name
+    table is built once; and everything is gguf's and transformers' own again after the block."""
+    import gguf
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    path = str(embedded._assemble(SMOLLM2, embedded.source_files(SMOLLM2), tmp_path))
+    stock = gguf.GGUFReader(path)
+    originals = gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint
+    with embedded._one_parse_per_gguf():
+        ours = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(path) is ours
+        config = gguf_utils.load_gguf_checkpoint(path)
+        config["config"]["changed by the caller"] = True
+        again = gguf_utils.load_gguf_checkpoint(path)
+        assert "changed by the caller" not in again["config"]
+        del config["config"]["changed by the caller"]
+        assert again == config and again["config"]["model_type"] == "llama"
+        arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == "llama")
+        assert gguf.get_tensor_name_map(arch, 30) is gguf.get_tensor_name_map(arch, 30)
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint) == originals
+    assert list(ours.fields) == list(stock.fields) and len(stock.fields["tokenizer.ggml.tokens"].data) == 49_152
+    for name, field in stock.fields.items():
+        mine = ours.fields[name]
+        assert (mine.offset, mine.data, mine.types) == (field.offset, field.data, field.types), name
+        assert [(p.dtype, p.tobytes()) for p in mine.parts] == [(p.dtype, p.tobytes()) for p in field.parts], name
+    assert [(t.name, t.tensor_type, t.shape.tolist(), t.data_offset) for t in ours.tensors] == \
+        [(t.name, t.tensor_type, t.shape.tolist(), t.data_offset) for t in stock.tensors]
+    assert all(bytes(a.data) == bytes(b.data) for a, b in zip(ours.tensors, stock.tensors))
