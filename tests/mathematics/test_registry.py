@@ -30,10 +30,13 @@ def test_closed_form_jacobian_is_autograds(name, seed, L, scale, T, masked):
         row_mask = None if mask is None else mask[r:r + 1]
         auto = torch.autograd.functional.jacobian(lambda z: record.fn(z.unsqueeze(0), mask=row_mask, **kw)[0], l[r])
         torch.testing.assert_close(J[r], auto, rtol=1e-9, atol=1e-12)
-    v = torch.randn_like(l)
+    v = torch.randn(l.shape, generator=torch.Generator().manual_seed(seed + 1), dtype=l.dtype)
     v = v if mask is None else torch.where(mask, v, 0.0)
+    # the closed forms divide by the logits near a kink (self_adjust_normalized by max(z, 0) - min(z, 0)): their
+    # rounding grows like |v| / |z| (z = 2.5e-4 gave 1.8e-12 where J v = 0), so the tolerance does too
+    atol = 1e-12 * float(v.abs().max()) * (1 + T / float(l.abs().min()))
     torch.testing.assert_close(beyond.jvp(l, v, name, mask=mask, **kw), (J @ v.unsqueeze(-1)).squeeze(-1),
-                               rtol=1e-9, atol=1e-12)
+                               rtol=1e-9, atol=atol)
 
 
 @pytest.mark.parametrize("name", COMPARED)
