@@ -278,9 +278,12 @@ def _client(cluster: Cluster) -> Iterator[Any]:
             yield client
         return
     n = cluster.workers or min(2, _cores())
+    # the cluster's own logs only if critical: the sweep reports every task's result and failure itself, and on
+    # Ctrl-C a worker still beating while the scheduler closes logs "Failed to communicate with scheduler during
+    # heartbeat" with a traceback (seen with both cores busy), after the sweep's one line
     with _scratch() as scratch, _reaped(), \
             LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
-                         dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR,
+                         dashboard_address="127.0.0.1:0", silence_logs=logging.CRITICAL,
                          local_directory=str(scratch / "dask")) as cluster, \
             Client(cluster) as client:
         print(f"local Dask cluster: {n} worker process{'es' * (n > 1)}, one thread each, "
