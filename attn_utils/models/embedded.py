@@ -372,7 +372,7 @@ def _one_parse_per_gguf():
     """transformers reads a GGUF again and again within one conversion; within this block each reading is done once:
 
     - the header, which it parses for the config, the weights and the tokenizer, every metadata field each time
-      (Gemma-3's 262,144 vocabulary strings: about 13 s): ``gguf.GGUFReader`` memoised per path and mode (the reader
+      (Gemma-3's 262,144 vocabulary strings): ``gguf.GGUFReader`` memoised per path and mode (the reader
       only reads its memory map), and its slices plain arrays over that map rather than ``np.memmap`` slices, whose
       ``__array_finalize__`` ran for each of the millions it takes (the same bytes; Gemma-3's header 9.9 s -> 2.5 s);
     - the config, read twice (``AutoConfig`` and the weights' loader): transformers' ``load_gguf_checkpoint`` without
@@ -381,13 +381,13 @@ def _one_parse_per_gguf():
       ``gguf.get_tensor_name_map`` memoised per architecture and depth (the map is only read).
     """
     import copy
+    import functools
 
     import gguf
     import numpy as np
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
     originals = gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint
-    readers, name_maps, configs = {}, {}, {}
 
     class PlainReader(originals[0]):
         def _get(self, offset, dtype, count=1, override_order=None):
@@ -397,25 +397,17 @@ def _one_parse_per_gguf():
             arr = self._plain[offset:offset + dtype.itemsize * count].view(dtype)[:count]
             return arr.view(arr.dtype.newbyteorder(self.byte_order if override_order is None else override_order))
 
-    def reader(path, mode="r"):
-        key = (os.fspath(path), mode)
-        if key not in readers:
-            readers[key] = PlainReader(path, mode)
-        return readers[key]
+    read, config = functools.cache(PlainReader), functools.cache(originals[2])
 
-    def name_map(arch, n_blocks):
-        if (arch, n_blocks) not in name_maps:
-            name_maps[arch, n_blocks] = originals[1](arch, n_blocks)
-        return name_maps[arch, n_blocks]
+    def reader(path, mode="r"):
+        return read(os.fspath(path), mode)
 
     def checkpoint(path, return_tensors=False, **kwargs):
         if return_tensors or kwargs:
             return originals[2](path, return_tensors, **kwargs)
-        key = os.fspath(path)
-        if key not in configs:
-            configs[key] = originals[2](path)
-        return copy.deepcopy(configs[key])
+        return copy.deepcopy(config(os.fspath(path)))
 
+    name_map = functools.cache(originals[1])
     gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint = reader, name_map, checkpoint
     try:
         yield
