@@ -77,6 +77,7 @@ benchmark: $(STAMP)
 	$(PY) benchmarks/bench_models.py --minilm
 	$(PY) benchmarks/bench_gpt2_random.py
 	$(PY) benchmarks/bench_conversion.py
+	$(PY) benchmarks/bench_startup.py
 
 # the built book, its run records and the execution cache
 clean:
