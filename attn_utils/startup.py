@@ -28,17 +28,25 @@ def _is_valid_syntax(*args, **kwargs):
     return _grammars().is_valid_syntax(*args, **kwargs)
 
 
+def _name_of_the_grammars(name: str):
+    """A name of the package, read from its grammars (compiling them); a dunder name is not: ``inspect.getmodule``
+    reads ``__file__`` of every module in ``sys.modules`` (torch does on import), and that must compile nothing."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return getattr(_grammars(), name)
+
+
 def defer_iri_grammars() -> None:
     """Install the stand-in of ``rfc3987_syntax`` (where it is installed and not yet imported): the real package's
-    folder, ``is_valid_syntax`` and every other name read from its grammars at first use."""
+    folder and file, ``is_valid_syntax`` and every other name read from its grammars at first use."""
     if IRI_PACKAGE in sys.modules:
         return
     spec = importlib.util.find_spec(IRI_PACKAGE)
     if spec is None or spec.submodule_search_locations is None:
         return
     stand_in = types.ModuleType(IRI_PACKAGE, "rfc3987_syntax, its grammars compiled at the first check")
-    stand_in.__path__ = list(spec.submodule_search_locations)
+    stand_in.__path__, stand_in.__file__ = list(spec.submodule_search_locations), spec.origin
     stand_in.__spec__ = spec
     stand_in.is_valid_syntax = _is_valid_syntax
-    stand_in.__getattr__ = lambda name: getattr(_grammars(), name)
+    stand_in.__getattr__ = _name_of_the_grammars
     sys.modules[IRI_PACKAGE] = stand_in

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -43,8 +44,12 @@ def test_nbformat_after_attn_utils_compiles_no_grammar_and_iris_check_as_without
 
 
 def test_a_chapter_kernels_glue_compiles_no_grammar():
-    """What a chapter's kernel runs: the book's formatting, then myst-nb's glue (which imports nbformat)."""
-    code = ("import sys\nfrom attn_utils.book.formatting import glue_values\nimport myst_nb.ext.glue\n"
+    """What a chapter's kernel runs: the book's formatting, myst-nb's glue (which imports nbformat), and torch's
+    registration of an operator, which reads ``__file__`` of every module (``inspect.getmodule``: it compiled the
+    grammars, and ran 4 s longer, when the stand-in had no ``__file__``)."""
+    code = ("import inspect, sys\nfrom attn_utils.book.formatting import glue_values\nimport myst_nb.ext.glue\n"
+            "assert inspect.getmodule(inspect.currentframe(), '/no/such/file.py') is None\n"  # reads every __file__
+            "assert inspect.getmodule(sys.modules['rfc3987_syntax']) is sys.modules['rfc3987_syntax']\n"
             "print('rfc3987_syntax.syntax_helpers' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stdout + done.stderr
@@ -57,6 +62,7 @@ def test_the_stand_in_keeps_every_name_of_the_package(monkeypatch):
     real = __import__(f"{startup.IRI_PACKAGE}.syntax_helpers", fromlist=["*"])
     assert stand_in.is_valid_syntax("iri", "http://a/b") is real.is_valid_syntax("iri", "http://a/b") is True
     assert stand_in.RFC3987_SYNTAX_PARSER_TYPE == real.RFC3987_SYNTAX_PARSER_TYPE  # read from the grammars
+    assert stand_in.__file__ == str(Path(real.__file__).with_name("__init__.py"))
     with pytest.raises(AttributeError):
         stand_in.no_such_name  # noqa: B018
 
