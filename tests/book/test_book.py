@@ -162,11 +162,21 @@ def _browser():
     return webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
 
 
+# True once MathJax has typeset the page. Its deferred script may run after the load that driver.get waits for when
+# both cores are busy, so this polls for MathJax for up to 20 s (the script timeout is 30 s); on failure it says what
+# the page had: its ready state, whether it has MathJax's script element (a page without one is not waited for) and
+# MathJax's configuration.
 WAIT_FOR_MATHJAX = """
 const done = arguments[arguments.length - 1];
-if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
-  MathJax.startup.promise.then(() => done(true)).catch(() => done(false));
-} else { done(null); }
+const deadline = Date.now() + 20000;
+const script = Array.from(document.scripts).some(s => /mathjax/i.test(s.src));
+(function wait() {
+  if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
+    MathJax.startup.promise.then(() => done(true)).catch(e => done('MathJax failed: ' + e));
+  } else if (!script || Date.now() > deadline) {
+    done({readyState: document.readyState, script: script, config: !!window.MathJax});
+  } else { setTimeout(wait, 50); }
+})();
 """
 
 
@@ -277,7 +287,7 @@ def test_pages_render_in_a_browser(at_1280):
     assert len(at_1280) >= len(chapters()) + 3
     for page, seen in at_1280.items():
         if 'class="math' in page.read_text():
-            assert seen["typeset"] is True, f"{page.name}: MathJax did not load"
+            assert seen["typeset"] is True, f"{page.name}: MathJax did not load: {seen['typeset']}"
             assert seen["n_math"] > 0, f"{page.name}: no typeset math"
         assert not seen["math_errors"], f"{page.name}: TeX that MathJax cannot typeset: {seen['math_errors']}"
         text, glued = seen["text"], seen["glued"]
