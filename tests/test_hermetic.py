@@ -45,3 +45,14 @@ def test_nothing_in_the_repository_reads_a_folder_beside_it():
             if name != "tests/test_hermetic.py" and ("../shared" in text or "shared/data" in text):
                 offenders.append(name)
     assert offenders == []
+
+
+@pytest.mark.parametrize("case", ["first", "second"])
+def test_torch_global_generator_is_seeded_from_the_test_id(request, case):
+    import zlib
+
+    import torch
+
+    first = torch.randn(3)  # the test's first draw from the global generator, whatever the test before drew
+    seed = zlib.crc32(request.node.nodeid.encode())
+    assert torch.equal(first, torch.randn(3, generator=torch.Generator().manual_seed(seed)))
