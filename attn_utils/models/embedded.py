@@ -352,7 +352,7 @@ def _dequantise(model: Embedded, source: Path, out: Path) -> None:
     if missing:
         raise ModelUnavailable(f"loading {model.name} from GGUF needs {' and '.join(missing)}: "
                                f"pip install {' '.join(missing)}")
-    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     text_progress()
     gguf = _assemble(model, source_files(model), source)  # one read of the installed chunks, hash-checked
@@ -364,7 +364,26 @@ def _dequantise(model: Embedded, source: Path, out: Path) -> None:
         fresh.load_state_dict(quantized.state_dict(), assign=True)  # the same tensors: no copy
         fresh.tie_weights()
         fresh.save_pretrained(out)
-        PreTrainedTokenizerFast(gguf_file=gguf.name, name_or_path=str(source)).save_pretrained(out)
+        _gguf_tokenizer(gguf).save_pretrained(out)
+
+
+def _gguf_tokenizer(gguf: Path):
+    """The tokenizer stored in the GGUF file ``gguf`` (vocabulary, merges, special tokens, pre- and post-processing),
+    read by transformers."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(gguf_file=gguf.name, name_or_path=str(gguf.parent))
+
+
+def gguf_tokenizer(model: Embedded):
+    """The tokenizer of a GGUF model, read from its GGUF file without dequantising the weights (seconds, where a
+    conversion takes up to a minute): the one its conversion writes into the cache (:func:`_dequantise`), which
+    encodes every text the same way. The installed file is assembled into a temporary folder, hash-checked."""
+    text_progress()
+    with tempfile.TemporaryDirectory() as tmp:
+        gguf = _assemble(model, source_files(model), Path(tmp))
+        with _one_parse_per_gguf():
+            return _gguf_tokenizer(gguf)
 
 
 @contextmanager

