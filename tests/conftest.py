@@ -15,6 +15,7 @@ War and Peace needs nothing: it ships inside the package.
 import atexit
 import os
 import shutil
+import sys
 import tempfile
 import zlib
 from collections import Counter
@@ -75,6 +76,16 @@ def seeded_torch(request):
     import torch
 
     torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    """The figures a test drew (through pyplot, as the chapters' plotting functions do) are closed after it, so that a
+    worker does not keep every test's figures open (matplotlib warns from 20 on)."""
+    yield
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is not None:
+        pyplot.close("all")
 
 
 @pytest.fixture(scope="session")

@@ -100,8 +100,8 @@ def tensors(result) -> list:
 def values(result) -> list:
     """The tensors, tables and numbers of a result, as CPU float64 tensors."""
     return [v.detach().cpu().to(torch.float64) if isinstance(v, torch.Tensor)
-            else torch.as_tensor(v.select_dtypes("number").to_numpy(dtype=float)) if isinstance(v, pd.DataFrame)
-            else torch.tensor(float(v), dtype=torch.float64) for v in leaves(result)]
+            else torch.as_tensor(v.select_dtypes("number").to_numpy(dtype=float, copy=True))  # writable: no warning
+            if isinstance(v, pd.DataFrame) else torch.tensor(float(v), dtype=torch.float64) for v in leaves(result)]
 
 
 def same(a, b, rtol: float = 0.0, atol: float = 0.0) -> None:
