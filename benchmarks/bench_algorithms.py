@@ -4,7 +4,8 @@ Random causal attention of GPT-2 small's shape (12 layers, 12 heads, L = 1024, h
 N(0, 1) logits -> causal softmax, stored in float32) runs through the paper's grids. One run reports:
 
 * the full-grid time of each algorithm: wall clock, CPU time of the process, and the CPU time spent
-  inside ``attn_utils.mathematics.theory`` (the bounds, which the experiments call);
+  computing the bounds (the functions of ``attn_utils.mathematics.theory`` and the kernels of the bounds' terms in
+  ``attn_utils.mathematics.kernels`` that the algorithms call, :data:`THEORY_FUNCTIONS`);
 * the same three numbers for the vectorised code and for the loop reference (``tests/reference.py``,
   plain per-row loops that compute every distance and bound themselves) on one subset (layer 0,
   heads 0-1, L = 256, the grids cut to L), and the reference / vectorised ratios of wall and CPU
@@ -13,14 +14,13 @@ N(0, 1) logits -> causal softmax, stored in float32) runs through the paper's gr
 * the peak resident memory of the process (``resource.getrusage``).
 
 CPU times are reported because a shared machine inflates wall times. Usage:
-``python benchmarks/bench_algorithms.py [--threads K] [--subset-only]``. Prints a table and writes
+``python benchmarks/bench_algorithms.py [--threads K] [--subset-only] [--subset-length L]``. Prints a table and writes
 ``benchmarks/results/bench_algorithms.json``. Targets: full grid < 2 min on 2 cores, peak < 4 GB,
 reference / vectorised >= 100.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import resource
@@ -32,12 +32,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import record  # benchmarks/record.py: where results go
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 import reference as ref  # noqa: E402
 
-from attn_utils.mathematics import algorithms, metrics, theory  # noqa: E402
+from attn_utils.mathematics import algorithms, kernels, metrics, theory  # noqa: E402
 
 SHAPE = dict(layers=12, heads=12, L=1024, d=64)
 GRIDS = dict(
@@ -48,7 +50,9 @@ GRIDS = dict(
     alg5=dict(Ts=tuple(float(t) for t in np.logspace(-3, 2, 12)), epsilons=(1e-3, 1e-1, 10.0)),
 )
 SUBSET = dict(layers=1, heads=2, L=256)
-THEORY_FUNCTIONS = ("farthest_keys", "theorem1_fixed_bound", "_main_sum", "theorem2_bounds")
+# the bounds as the algorithms compute them: the theory functions they call and the kernels of the bounds' terms
+THEORY_FUNCTIONS = ((theory, ("farthest_keys", "corollary3_bound", "finite_difference_bound")),
+                    (kernels, ("main_sum_terms", "main_sum", "max_cross_sq_distance", "theorem2_selected")))
 
 
 def random_attention(layers, heads, L, d, seed=0):
@@ -65,29 +69,34 @@ def random_attention(layers, heads, L, d, seed=0):
 
 @contextmanager
 def theory_timer(totals: dict):
-    """Add the CPU seconds spent inside the theory functions that the algorithms call to totals["theory"]."""
-    originals = {name: getattr(theory, name) for name in THEORY_FUNCTIONS}
+    """Add the CPU seconds spent inside the bounds that the algorithms compute (:data:`THEORY_FUNCTIONS`) to
+    ``totals["theory"]``, counting a call made inside another timed call once."""
+    originals = [(module, name, getattr(module, name)) for module, names in THEORY_FUNCTIONS for name in names]
+    depth = [0]
 
     def timed(fn):
         def wrapper(*args, **kwargs):
+            depth[0] += 1
             start = time.process_time()
             try:
                 return fn(*args, **kwargs)
             finally:
-                totals["theory"] += time.process_time() - start
+                depth[0] -= 1
+                if depth[0] == 0:
+                    totals["theory"] += time.process_time() - start
         return wrapper
 
-    for name, fn in originals.items():
-        setattr(theory, name, timed(fn))
+    for module, name, fn in originals:
+        setattr(module, name, timed(fn))
     try:
         yield
     finally:
-        for name, fn in originals.items():
-            setattr(theory, name, fn)
+        for module, name, fn in originals:
+            setattr(module, name, fn)
 
 
 def measure(runs: dict, announce: bool = False, repeat: int = 1) -> dict:
-    """Per run: wall seconds, CPU seconds of this process, and CPU seconds inside ``attn_utils.mathematics.theory``;
+    """Per run: wall seconds, CPU seconds of this process, and CPU seconds computing the bounds (:func:`theory_timer`);
     with ``repeat`` > 1, the repetition with the least wall time (the usual defence against noise)."""
     out = {}
     for name, fn in runs.items():
@@ -104,25 +113,29 @@ def measure(runs: dict, announce: bool = False, repeat: int = 1) -> dict:
     return out
 
 
+def cut(L: int) -> dict:
+    """The paper's grids cut to L keys: the lengths up to L, the numbers of keys N below L."""
+    return {alg: {k: tuple(n for n in v if n <= L) if k == "lengths" else tuple(n for n in v if n < L)
+                  if k in ("Ns",) else v for k, v in grid.items()} for alg, grid in GRIDS.items()}
+
+
 def vectorised_runs(weights, x, logits, L):
-    """The five algorithms with the paper's grids cut to L keys."""
-    g1, g3 = GRIDS["alg1"], GRIDS["alg3"]
+    """The five algorithms with the paper's grids cut to L keys (:func:`cut`)."""
+    g = cut(L)
     return {
-        "alg1": lambda: algorithms.distance_vs_length(
-            weights, x, g1["N"], [n for n in g1["lengths"] if n <= L], progress=False),
-        "alg2": lambda: algorithms.distance_vs_n(weights, x, GRIDS["alg2"]["Ns"], progress=False),
+        "alg1": lambda: algorithms.distance_vs_length(weights, x, g["alg1"]["N"], g["alg1"]["lengths"], progress=False),
+        "alg2": lambda: algorithms.distance_vs_n(weights, x, g["alg2"]["Ns"], progress=False),
         "alg3": lambda: algorithms.critical_n(
-            weights, x, [n for n in g3["lengths"] if n <= L], g3["Ns"], g3["alpha"], progress=False),
-        "alg4": lambda: algorithms.separability_vs_n(weights, x, GRIDS["alg4"]["Ns"], progress=False),
-        "alg5": lambda: algorithms.gradient_sensitivity(
-            logits, GRIDS["alg5"]["Ts"], GRIDS["alg5"]["epsilons"], progress=False),
+            weights, x, g["alg3"]["lengths"], g["alg3"]["Ns"], g["alg3"]["alpha"], progress=False),
+        "alg4": lambda: algorithms.separability_vs_n(weights, x, g["alg4"]["Ns"], progress=False),
+        "alg5": lambda: algorithms.gradient_sensitivity(logits, g["alg5"]["Ts"], g["alg5"]["epsilons"], progress=False),
     }
 
 
 def reference_runs(weights, x, logits, L):
     """The same five computations with the loop reference (row by row)."""
     w, xs, lg = weights.double().numpy(), x.double().numpy(), logits.double()
-    g1, g3, g5 = GRIDS["alg1"], GRIDS["alg3"], GRIDS["alg5"]
+    g = cut(L)
     layers, heads = w.shape[:2]
 
     def directions():
@@ -131,24 +144,35 @@ def reference_runs(weights, x, logits, L):
                             for _ in range(layers)])
 
     return {
-        "alg1": lambda: ref.distance_table(w, xs, [(n, g1["N"]) for n in g1["lengths"] if n <= L]),
-        "alg2": lambda: ref.distance_table(w, xs, [(L, n) for n in GRIDS["alg2"]["Ns"]]),
-        "alg3": lambda: ref.critical_n(w, xs, [n for n in g3["lengths"] if n <= L], g3["Ns"], g3["alpha"]),
-        "alg4": lambda: ref.separability_table(w, xs, GRIDS["alg4"]["Ns"]),
-        "alg5": lambda: ref.gradient_table(lg.numpy(), directions().numpy(), g5["Ts"], g5["epsilons"]),
+        "alg1": lambda: ref.distance_table(w, xs, [(n, g["alg1"]["N"]) for n in g["alg1"]["lengths"]]),
+        "alg2": lambda: ref.distance_table(w, xs, [(L, n) for n in g["alg2"]["Ns"]]),
+        "alg3": lambda: ref.critical_n(w, xs, g["alg3"]["lengths"], g["alg3"]["Ns"], g["alg3"]["alpha"]),
+        "alg4": lambda: ref.separability_table(w, xs, g["alg4"]["Ns"]),
+        "alg5": lambda: ref.gradient_table(lg.numpy(), directions().numpy(), g["alg5"]["Ts"], g["alg5"]["epsilons"]),
     }
+
+
+def subset_length(text: str) -> int:
+    """``--subset-length``: an integer from the shortest length of the grids to the shape's L."""
+    low, high = min(GRIDS["alg1"]["lengths"]), SHAPE["L"]
+    if not text.isdigit() or not low <= int(text) <= high:
+        raise argparse.ArgumentTypeError(f"must be an integer in [{low}, {high}], got {text!r}")
+    return int(text)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch intra-op threads")
-    parser.add_argument("--subset-only", action="store_true", help="skip the full grid (a quick check)")
+    parser.add_argument("--subset-only", action="store_true",
+                        help="skip the full grid and draw only the subset's heads (a quick check)")
+    parser.add_argument("--subset-length", type=subset_length, default=SUBSET["L"],
+                        help=f"keys of the subset, the grids cut to them (default {SUBSET['L']})")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()[0]
 
-    weights, x, logits = random_attention(**SHAPE)
-    L, layers, heads = SUBSET["L"], SUBSET["layers"], SUBSET["heads"]
+    L, layers, heads = args.subset_length, SUBSET["layers"], SUBSET["heads"]
+    weights, x, logits = random_attention(**(dict(SHAPE, layers=layers, heads=heads) if args.subset_only else SHAPE))
     sub = (weights[:layers, :heads, :L, :L], x[:layers, :heads, :L], logits[:layers, :heads, :L, :L])
     measure(vectorised_runs(*sub, L))  # warm-up: first calls pay for lazy initialisation
     subset_vec = measure(vectorised_runs(*sub, L), repeat=5)
@@ -175,16 +199,15 @@ def main() -> None:
         print(f"{name:<8}{line}{r['wall'] / v['wall']:>9.0f}{r['cpu'] / v['cpu']:>9.0f}")
     print(f"peak resident memory {peak_gb:.2f} GB")
 
-    out = ROOT / "benchmarks" / "results"
-    out.mkdir(parents=True, exist_ok=True)
     result = {
-        "shape": SHAPE, "grids": GRIDS, "subset": SUBSET, "threads": args.threads, "torch": torch.__version__,
+        "shape": SHAPE, "grids": GRIDS, "subset": dict(SUBSET, L=L), "subset_only": args.subset_only,
+        "threads": args.threads, "torch": torch.__version__,
         "machine": platform.platform(), "cpus": os.cpu_count(),
         "load_average": {"before": load_before, "after": load_after},
         "full_grid": full, "subset_vectorised": subset_vec, "subset_reference": subset_ref,
         "peak_rss_gb": peak_gb,
     }
-    (out / "bench_algorithms.json").write_text(json.dumps(result, indent=2))
+    record.write("bench_algorithms.json", result, indent=2)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ Writes ``benchmarks/results/bench_build[_small].json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import re
@@ -31,8 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import record  # benchmarks/record.py: where results go
+
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
 SMALL = ("model=gpt2-random L=64 lengths=[16,32,64] synthetic_lengths=[4,16,64] Ns=[1,2,4,8] "
          "Ts=[0.01,0.1,1.0,10.0] n_trials=20 n_samples=32")
 
@@ -90,13 +90,10 @@ def main() -> None:
     result = {"parameters": params or "the defaults", "machine": f"{platform.node()} {platform.machine()}, "
               f"{os.cpu_count()} cores", "load_average_1min": os.getloadavg()[0], "python": sys.version.split()[0],
               "runs": runs}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"bench_build{'_small' if args.small else ''}.json"
-    path.write_text(json.dumps(result, indent=1) + "\n")
+    record.write(f"bench_build{'_small' if args.small else ''}.json", result)
     for name, run in runs.items():
         print(f"{name:10s} {run['seconds']:7.1f} s  ({run['ratio_to_cold']:.2f} of cold)  executed: "
               f"{', '.join(run['executed']) or 'nothing'}")
-    print(f"written to {path}")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ benchmarks/results/bench_capture.json.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -24,7 +23,8 @@ from attn_utils.models.capture import capture
 from attn_utils.models.corpus import load_text, token_windows
 from attn_utils.models.loading import load_model
 
-RESULTS = Path(__file__).parent / "results"
+import record  # benchmarks/record.py: where results go
+
 MAX_RATIO = 1.3
 MAX_PEAK_GB = 3.0
 
@@ -84,8 +84,8 @@ def bench(name: str, L: int, rounds: int) -> dict:
     wall, cpu, peaks = ({mode: [] for mode in modes} for _ in range(3))
     for _ in range(rounds):
         for mode, run in modes.items():
-            for record, value in zip((wall, cpu, peaks), _timed(run)):
-                record[mode].append(value)
+            for table, value in zip((wall, cpu, peaks), _timed(run)):
+                table[mode].append(value)
     best = {mode: min(t) for mode, t in wall.items()}
     cpu_median = {mode: statistics.median(t) for mode, t in cpu.items()}
     ratio = {f"{kind}_{mode}{vs}": table[mode] / table[base]
@@ -117,10 +117,8 @@ def main() -> None:
               f"capture float64 x{ratio['wall_min_capture_float64_vs_base']:.2f} "
               f"(CPU x{ratio['cpu_median_capture_float64_vs_base']:.2f})")
         print("  peak RSS GB: " + ", ".join(f"{k} {v:.2f}" for k, v in r["peak_rss_gb"].items() if v is not None))
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / "bench_capture.json"
-    out.write_text(json.dumps({"max_ratio": MAX_RATIO, "max_peak_gb": MAX_PEAK_GB, "results": results}, indent=2))
-    print(f"wrote {out}")
+    record.write("bench_capture.json", {"max_ratio": MAX_RATIO, "max_peak_gb": MAX_PEAK_GB, "results": results},
+                 indent=2)
     gpt2 = [r for r in results if r["model"] == "gpt2-random"]
     for r in gpt2:
         peak = r["peak_rss_gb"]["capture_float64"]

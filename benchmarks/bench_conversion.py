@@ -22,7 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results"
+import record  # benchmarks/record.py: where results go
+
 
 CONVERT = """
 import contextlib, json, sys, tempfile, time
@@ -70,8 +71,7 @@ def main() -> None:
               "load_average": os.getloadavg(), "torch": __import__("torch").__version__,
               "transformers": __import__("transformers").__version__, "gguf": importlib.metadata.version("gguf"),
               "repeat": args.repeat, "models": models}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "bench_conversion.json").write_text(json.dumps(result, indent=1) + "\n")
+    record.write("bench_conversion.json", result)
     print(json.dumps({m: {k: v for k, v in r.items() if k != "seconds"} for m, r in models.items()}, indent=1))
 
 

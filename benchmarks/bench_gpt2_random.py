@@ -17,9 +17,9 @@ import platform
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results"
+import record  # benchmarks/record.py: where results go
+
 
 SETUP = """
 import hashlib, time, torch
@@ -63,8 +63,7 @@ def main() -> None:
               "load_average": os.getloadavg(), "torch": __import__("torch").__version__,
               "transformers": __import__("transformers").__version__, "repeat": args.repeat,
               "seconds": seconds, "median_s": median, "baseline_over_ours": baseline / ours}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "bench_gpt2_random.json").write_text(json.dumps(result, indent=1) + "\n")
+    record.write("bench_gpt2_random.json", result)
     print(json.dumps({"median_s": median, "baseline_over_ours": round(baseline / ours, 2)}, indent=1))
 
 

@@ -11,7 +11,6 @@ every row). Writes ``benchmarks/results/bench_gpu.json``. Without a CUDA GPU it 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -21,7 +20,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_model import RESULTS, calls, differences  # noqa: E402
+from bench_model import calls, differences  # noqa: E402
+import record  # noqa: E402  (benchmarks/record.py)
 
 
 def timed(fn, device: str) -> tuple[object, float]:
@@ -75,8 +75,7 @@ def main() -> None:
             times["differences"] = differences(results[name]["cuda"], results[name]["cpu"])
     for name, times in report["steps"].items():
         print(f"{name:18s} CPU {times['cpu']:8.2f} s, GPU {times['cuda']:7.2f} s, ratio {times['cpu / gpu']:6.1f}")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "bench_gpu.json").write_text(json.dumps(report, indent=2))
+    record.write("bench_gpu.json", report, indent=2)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The paper's Algorithms 1-5 on a captured model at the book's defaults, against a baseline version of the library.
 
-One window of the corpus goes through the model once (``Session.open``: the book's default model, L = 1024); its
+One window of the corpus goes through the model once (``Session.open``: the book's default model, L = 1024, or
+``--model`` and ``--L``, checked by the session as the chapters' parameters are); its
 attention weights, value vectors and raw logits then go through the chapters' calls of
 ``attn_utils.mathematics.algorithms``:
 
@@ -17,15 +18,14 @@ profiles those calls with cProfile on the compared layers, baseline and working 
 functions that take the most time, by their own time. Prints a table and writes
 ``benchmarks/results/bench_model.json``.
 
-    python benchmarks/bench_model.py [--baseline HEAD] [--layers 2] [--threads 2] [--skip alg4 alg5] \
-        [--profile "alg3 every row"]
+    python benchmarks/bench_model.py [--baseline HEAD] [--layers 2] [--threads 2] [--model auto] [--L 1024] \
+        [--skip alg4 alg5] [--profile "alg3 every row"]
 """
 from __future__ import annotations
 
 import argparse
 import cProfile
 import importlib
-import json
 import os
 import platform
 import pstats
@@ -39,8 +39,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import record  # benchmarks/record.py: where results go
+
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
 LENGTHS = [32, 64, 128, 256, 512, 1024]
 TS = [1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0]
 EPSILONS = [1e-3, 1e-1, 10.0]
@@ -51,30 +52,35 @@ def baseline_package(rev: str) -> str:
     folder = Path(tempfile.mkdtemp(prefix="bench_model_"))
     package = folder / "baseline_mathematics"
     package.mkdir()
-    names = subprocess.run(["git", "ls-tree", "--name-only", f"{rev}:attn_utils/mathematics"], cwd=ROOT, check=True,
-                           capture_output=True, text=True).stdout.split()
-    for name in (n for n in names if n.endswith(".py")):
+    names = subprocess.run(["git", "ls-tree", "-r", "--name-only", f"{rev}:attn_utils/mathematics"], cwd=ROOT,
+                           check=True, capture_output=True, text=True).stdout.split()
+    for name in (n for n in names if n.endswith(".py")):  # subpackages too (theory/)
         text = subprocess.run(["git", "show", f"{rev}:attn_utils/mathematics/{name}"], cwd=ROOT, check=True,
                               capture_output=True, text=True).stdout
+        (package / name).parent.mkdir(parents=True, exist_ok=True)
         (package / name).write_text(re.sub(r"attn_utils\.mathematics", "baseline_mathematics", text))
     sys.path.insert(0, str(folder))
     return "baseline_mathematics"
 
 
 def calls(algorithms, weights, x, logits, T_model: float, critical_grid) -> dict:
-    """The chapters' calls, by name."""
+    """The chapters' calls, by name, with the lengths cut to the window's L keys and the numbers of keys N below
+    it."""
     Ts = sorted({*TS, T_model})
+    L = weights.shape[-1]
+    lengths = [n for n in LENGTHS if n <= L]
+    Ns2, Ns4 = ([n for n in grid if n < L] for grid in ([1, 5, 10, 20, 100], [1, 2, 4, 8, 16, 32, 64, 100]))
     options = dict(reading="sum_of_norms", progress=False)
     return {
-        "alg1-2 every row": lambda: (algorithms.distance_vs_length(weights, x, N=5, lengths=LENGTHS, **options),
-                                     algorithms.distance_vs_n(weights, x, Ns=[1, 5, 10, 20, 100], **options)),
+        "alg1-2 every row": lambda: (algorithms.distance_vs_length(weights, x, N=5, lengths=lengths, **options),
+                                     algorithms.distance_vs_n(weights, x, Ns=Ns2, **options)),
         "alg1-2 32/octave": lambda: (
-            algorithms.distance_vs_length(weights, x, N=5, lengths=LENGTHS, rows_per_octave=32, **options),
-            algorithms.distance_vs_n(weights, x, Ns=[1, 5, 10, 20, 100], rows_per_octave=32, **options)),
-        "alg3 every row": lambda: algorithms.critical_n(weights, x, LENGTHS, critical_grid, alpha=0.01, **options),
-        "alg3 32/octave": lambda: algorithms.critical_n(weights, x, LENGTHS, critical_grid, alpha=0.01,
+            algorithms.distance_vs_length(weights, x, N=5, lengths=lengths, rows_per_octave=32, **options),
+            algorithms.distance_vs_n(weights, x, Ns=Ns2, rows_per_octave=32, **options)),
+        "alg3 every row": lambda: algorithms.critical_n(weights, x, lengths, critical_grid, alpha=0.01, **options),
+        "alg3 32/octave": lambda: algorithms.critical_n(weights, x, lengths, critical_grid, alpha=0.01,
                                                         rows_per_octave=32, **options),
-        "alg4": lambda: algorithms.separability_vs_n(weights, x, Ns=[1, 2, 4, 8, 16, 32, 64, 100], progress=False),
+        "alg4": lambda: algorithms.separability_vs_n(weights, x, Ns=Ns4, progress=False),
         "alg5": lambda: algorithms.gradient_sensitivity(logits, Ts, epsilons=EPSILONS, seed=0, progress=False),
     }
 
@@ -135,6 +141,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", help="git revision whose attn_utils/mathematics is the baseline")
     parser.add_argument("--layers", type=int, default=2, help="layers of the baseline comparison")
+    parser.add_argument("--model", default="auto", help="the model, as the chapters' model parameter (default auto)")
+    parser.add_argument("--L", type=int, default=1024, help="window length in tokens (default 1024)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads of the full run")
     parser.add_argument("--skip", nargs="*", default=[], help="calls to leave out (prefix match: alg1, alg3, ...)")
     parser.add_argument("--profile", nargs="*", default=[], help="calls to profile on the compared layers")
@@ -145,7 +153,7 @@ def main() -> None:
     from attn_utils.mathematics import algorithms
 
     load = {"before": os.getloadavg()}
-    session = Session.open(model="auto", corpus="war-and-peace", chapters=None, offset=0, L=1024, seed=0)
+    session = Session.open(model=args.model, corpus="war-and-peace", chapters=None, offset=0, L=args.L, seed=0)
     captured = session.capture(what=("weights", "v"))
     weights, x = captured.weights, session.vectors(captured, "value")
     raw = session.capture(what=("logits",), logit_scale="raw")
@@ -189,8 +197,7 @@ def main() -> None:
                 report["full"][name][-1]["critical_n"] = result.summary["critical_n"].tolist()
     load["after"] = os.getloadavg()
     report["load_average"] = load
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "bench_model.json").write_text(json.dumps(report, indent=2))
+    record.write("bench_model.json", report, indent=2)
 
 
 if __name__ == "__main__":

@@ -11,9 +11,11 @@ Per model, each phase in a process of its own (peak resident memory is per proce
 
 ``--minilm`` adds, for L = 64, 128, 256 and 512 (one forward pass per L and window: an encoder's rows depend on the
 whole window), per layer: the mean attention entropy of a row over log L (1 = uniform), and the mean share of a row's
-weight on [CLS] and on [SEP]. Results go to benchmarks/results/bench_models.json.
+weight on [CLS] and on [SEP], averaged over ``--windows`` windows (default 4). Results go to
+benchmarks/results/bench_models.json.
 
     python benchmarks/bench_models.py [--threads 2] [--models smollm2-135m gemma3-270m minilm-l6] [--minilm]
+        [--windows 4]
 """
 from __future__ import annotations
 
@@ -27,7 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results"
+import record  # benchmarks/record.py: where results go
+
 MODELS = ("smollm2-135m", "gemma3-270m", "minilm-l6")
 LONGEST = {"minilm-l6": 512}
 
@@ -91,7 +94,10 @@ def _phase(name: str, phase: str, threads: int) -> dict:
     return result
 
 
-def _minilm_lengths(threads: int, offsets=(0, 20_000, 40_000, 60_000)) -> list[dict]:
+OFFSETS = (0, 20_000, 40_000, 60_000)  # the windows of --minilm: their first characters in the novel
+
+
+def _minilm_lengths(threads: int, offsets=OFFSETS) -> list[dict]:
     """Per L and layer: row entropy / log L, weight on [CLS] and on [SEP], averaged over rows, heads and windows."""
     import torch
 
@@ -123,6 +129,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     parser.add_argument("--minilm", action="store_true", help="add MiniLM's attention at L = 64 .. 512")
+    parser.add_argument("--windows", type=int, default=len(OFFSETS), choices=range(1, len(OFFSETS) + 1),
+                        help=f"windows averaged by --minilm (default {len(OFFSETS)})")
     parser.add_argument("--one", nargs=2, metavar=("MODEL", "PHASE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -142,12 +150,11 @@ def main() -> None:
                 print(json.dumps(result))
                 results["models"].append(result)
     if args.minilm:
-        results["minilm_lengths"] = _minilm_lengths(args.threads)
+        results["minilm_lengths"] = _minilm_lengths(args.threads, OFFSETS[:args.windows])
         for row in results["minilm_lengths"]:
             print(json.dumps(row))
     results["machine"]["load_average_after"] = os.getloadavg()
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "bench_models.json").write_text(json.dumps(results, indent=1) + "\n")
+    record.write("bench_models.json", results)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ cases interleaved: the baseline imports the workload's module alone, ours import
 time included). The wall seconds, their medians and the ratio baseline / ours go to
 benchmarks/results/bench_startup.json.
 
-    python benchmarks/bench_startup.py [--repeat 7]
+    python benchmarks/bench_startup.py [--repeat 7] [--workloads NAME ...]
 """
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ import platform
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results"
+import record  # benchmarks/record.py: where results go
+
 
 # what each kind of process imports first that reaches nbformat
 WORKLOADS = {"nbformat": "import nbformat", "kernel's first glue": "import myst_nb.ext.glue",
@@ -40,13 +40,16 @@ def seconds(code: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS), metavar="NAME",
+                        help=f"the workloads to time (default all: {', '.join(map(repr, WORKLOADS))})")
     args = parser.parse_args()
     if args.repeat < 1:
         parser.error(f"--repeat must be at least 1, got {args.repeat}")
-    for code in WORKLOADS.values():  # warm the bytecode caches, so no case pays for compiling
+    chosen = {name: WORKLOADS[name] for name in args.workloads}
+    for code in chosen.values():  # warm the bytecode caches, so no case pays for compiling
         seconds(code)
     workloads = {}
-    for name, code in WORKLOADS.items():
+    for name, code in chosen.items():
         runs = {case: [] for case in CASES}
         for _ in range(args.repeat):
             for case, first in CASES.items():
@@ -59,8 +62,7 @@ def main() -> None:
               "jsonschema": importlib.metadata.version("jsonschema"),
               "rfc3987-syntax": importlib.metadata.version("rfc3987-syntax"), "repeat": args.repeat,
               "workloads": workloads}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "bench_startup.json").write_text(json.dumps(result, indent=1) + "\n")
+    record.write("bench_startup.json", result)
     print(json.dumps({n: {k: v for k, v in w.items() if k != "seconds"} for n, w in workloads.items()}, indent=1))
 
 

@@ -48,7 +48,8 @@ for _name, _value in {
 
 # tests that share nothing costly with their neighbours: xdist may run each on any worker
 SPREAD = ("tests/cli/test_documented_commands.py::test_documented_run_executes[",
-          "tests/cli/test_documented_commands.py::test_documented_courses_are_graded")
+          "tests/cli/test_documented_commands.py::test_documented_courses_are_graded",
+          "tests/test_benchmarks.py::")
 # modules that share a costly first step, run by one worker: the capture and model-window tests load the embedded
 # models that the loading tests convert (Gemma-3 about 15 s), and would otherwise wait for the other worker's conversion
 TOGETHER = {"tests/models/test_capture.py": "tests/models/test_loading.py",
