@@ -1,4 +1,5 @@
-"""Every ``make`` and ``attn-companion`` command that README.md, book/rerun.md and book/teachers.md show works.
+"""Every ``make`` and ``attn-companion`` command that a reader is shown works: in README.md, the book's prose pages
+(``book/*.md``) and its chapters (the markdown cells of ``notebooks/*.py``).
 
 The commands are read from the pages themselves (code blocks and inline code). Each one's runs, the (notebook,
 parameters) pairs it executes, pass the preflight with the parameters as documented. Then every run executes with L
@@ -16,6 +17,7 @@ import shutil
 from pathlib import Path
 from typing import NamedTuple
 
+import jupytext
 import nbformat
 import pytest
 
@@ -25,7 +27,10 @@ from attn_utils.classroom import exercises, grading, student
 from helpers import SMALL
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = ("README.md", "book/rerun.md", "book/teachers.md")
+# the pages a reader sees: the README, the book's prose pages and its chapters
+DOCS = ("README.md", *(f"book/{p.name}" for p in sorted((ROOT / "book").glob("*.md"))),
+        *(f"notebooks/{p.name}" for p in sorted((ROOT / "notebooks").glob("*.py"))))
+MAKE_TARGETS = set(re.findall(r"^([a-z][\w-]*):", (ROOT / "Makefile").read_text(), re.M))
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.M | re.S)
 INLINE = re.compile(r"`([^`]+)`")
 SCALED = {"model": "gpt2-random", "L": 64}
@@ -56,6 +61,14 @@ def _run(kind: str, notebook: str, parameters: dict) -> Run:
     return Run(kind, notebook, json.dumps(own, sort_keys=True))
 
 
+def page_text(doc: str) -> str:
+    """A page's markdown: a chapter's markdown cells (its py:percent source), a prose page's file."""
+    path = ROOT / doc
+    if path.suffix == ".py":
+        return "\n\n".join(cell.source for cell in jupytext.read(path).cells if cell.cell_type == "markdown")
+    return path.read_text()
+
+
 def code_lines(markdown: str) -> list[str]:
     """The lines of the code blocks (``\\`` continuations joined) and the inline code spans of a markdown text."""
     lines = [line for block in FENCE.findall(markdown) for line in block.replace("\\\n", " ").splitlines()]
@@ -63,24 +76,28 @@ def code_lines(markdown: str) -> list[str]:
 
 
 def to_argv(line: str) -> tuple[str, ...] | None:
-    """``attn-companion``'s arguments for a shell line that runs it or ``make`` (``make book PARAMS=...`` runs
-    ``attn-companion book --params ...``; other make targets run no notebook: ``()``); None for any other line."""
+    """``attn-companion``'s arguments for a shell line that runs it or ``make`` with a target of the Makefile
+    (``make book PARAMS=...`` runs ``attn-companion book --params ...``; other make targets run no notebook: ``()``);
+    None for any other line (the program is the line's first word, after any ``NAME=value``)."""
     try:
         words = shlex.split(line, comments=True)
     except ValueError:
         return None
+    while words and re.fullmatch(r"[A-Za-z_]\w*=.*", words[0]):
+        words = words[1:]
     if words[:1] == ["make"]:
+        if not all(w in MAKE_TARGETS or "=" in w for w in words[1:]):
+            return None  # prose that begins with "make"
         assignments = dict(w.split("=", 1) for w in words[1:] if "=" in w)
         return ("book", "--params", assignments.get("PARAMS", "")) if "book" in words[1:] else ()
-    program = next((i for i, w in enumerate(words) if Path(w).name == "attn-companion"), None)
-    return None if program is None else tuple(words[program + 1:])
+    return tuple(words[1:]) if words and Path(words[0]).name == "attn-companion" else None
 
 
 def documented_commands() -> list[Command]:
     """Every make / attn-companion command of :data:`DOCS`, in the order shown (a repeated one once)."""
     found: dict[tuple[str, ...], Command] = {}
     for doc in DOCS:
-        for line in code_lines((ROOT / doc).read_text()):
+        for line in code_lines(page_text(doc)):
             argv = to_argv(line)
             if argv is not None:
                 found.setdefault(argv if argv else (line,), Command(doc, line.split("#")[0].strip(), argv))
@@ -157,6 +174,13 @@ pip install -e .
 
 Or name them, e.g. `attn-companion student --out handout/
 ch1_vanishing ch4_gradient`; see `-p NAME VALUE` and `make test`.
+
+```bash
+git clone REPOSITORY attn-companion && cd attn-companion
+OMP_NUM_THREADS=1 .venv/bin/attn-companion params ch2_distance
+```
+
+Not commands: `make sure it survives`, `author = {The attn-companion contributors}`.
 '''
 
 
@@ -165,6 +189,7 @@ def test_commands_are_read_from_code_blocks_and_inline_code():
     assert [a for a in argvs if a is not None] == [
         ("book", "--params", "L=512 seed=1"),
         ("grade", "subs/*/*.ipynb", "--out", "g.csv", "-p", "model", "gpt2-random", "-p", "L", "64"),
+        ("params", "ch2_distance"),
         ("student", "--out", "handout/", "ch1_vanishing", "ch4_gradient"),
         (),  # make test: no notebook
     ]
