@@ -115,8 +115,9 @@ def measure(runs: dict, announce: bool = False, repeat: int = 1) -> dict:
 
 def cut(L: int) -> dict:
     """The paper's grids cut to L keys: the lengths up to L, the numbers of keys N below L."""
-    return {alg: {k: tuple(n for n in v if n <= L) if k == "lengths" else tuple(n for n in v if n < L)
-                  if k in ("Ns",) else v for k, v in grid.items()} for alg, grid in GRIDS.items()}
+    keep = {"lengths": lambda n: n <= L, "Ns": lambda n: n < L}
+    return {alg: {k: tuple(filter(keep[k], v)) if k in keep else v for k, v in grid.items()}
+            for alg, grid in GRIDS.items()}
 
 
 def vectorised_runs(weights, x, logits, L):

@@ -45,8 +45,11 @@ def recipe() -> list[list[str]]:
 
 
 def run(argv: list[str], results, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run a script (``argv[1]``, relative to the repository) from the results folder: no script may depend on
+    the folder it is started from."""
     env = {**os.environ, "ATTN_COMPANION_BENCH_RESULTS": str(results), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    argv = [argv[0], str(ROOT / argv[1]), *argv[2:]]
+    done = subprocess.run(argv, cwd=results, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"{shlex.join(argv)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
     return done
 

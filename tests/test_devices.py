@@ -11,7 +11,6 @@ With a GPU, the same functions run on CUDA tensors and must agree with the CPU t
 """
 from __future__ import annotations
 
-
 import pandas as pd
 import pytest
 import torch
