@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import resource
 import sys
 import time
@@ -202,8 +201,7 @@ def main() -> None:
 
     result = {
         "shape": SHAPE, "grids": GRIDS, "subset": dict(SUBSET, L=L), "subset_only": args.subset_only,
-        "threads": args.threads, "torch": torch.__version__,
-        "machine": platform.platform(), "cpus": os.cpu_count(),
+        "threads": args.threads,
         "load_average": {"before": load_before, "after": load_after},
         "full_grid": full, "subset_vectorised": subset_vec, "subset_reference": subset_ref,
         "peak_rss_gb": peak_gb,

@@ -15,7 +15,6 @@ import argparse
 import importlib.metadata
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -67,9 +66,7 @@ def main() -> None:
                          "baseline_over_ours": median["baseline"] / median["ours"],
                          "same_files": len({json.dumps(r["files"], sort_keys=True)
                                             for rs in runs.values() for r in rs}) == 1}
-    result = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-              "load_average": os.getloadavg(), "torch": __import__("torch").__version__,
-              "transformers": __import__("transformers").__version__, "gguf": importlib.metadata.version("gguf"),
+    result = {"transformers": __import__("transformers").__version__, "gguf": importlib.metadata.version("gguf"),
               "repeat": args.repeat, "models": models}
     record.write("bench_conversion.json", result)
     print(json.dumps({m: {k: v for k, v in r.items() if k != "seconds"} for m, r in models.items()}, indent=1))

@@ -11,8 +11,6 @@ every row). Writes ``benchmarks/results/bench_gpu.json``. Without a CUDA GPU it 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -51,9 +49,8 @@ def main() -> None:
     from attn_utils.mathematics import algorithms
 
     torch.set_num_threads(args.threads)
-    report = {"model": "gpt2-random", "L": args.L, "machine": platform.platform(), "cpus": os.cpu_count(),
-              "cpu threads": args.threads, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-              "steps": {}}
+    report = {"model": "gpt2-random", "L": args.L, "cpu threads": args.threads,
+              "gpu": torch.cuda.get_device_name(0), "steps": {}}
     inputs, results = {}, {}
     for device in ("cuda", "cpu"):
         session = Session.open(model="gpt2-random", L=args.L, seed=0, device=device)

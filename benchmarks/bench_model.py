@@ -27,7 +27,6 @@ import argparse
 import cProfile
 import importlib
 import os
-import platform
 import pstats
 import re
 import subprocess
@@ -160,8 +159,7 @@ def main() -> None:
     logits, T_model = raw.logits, float(raw.temperature.median())
     keep = lambda name: not any(name.startswith(s) for s in args.skip)  # noqa: E731
 
-    report = {"model": session.name, "shape": list(weights.shape), "machine": platform.platform(),
-              "cpus": os.cpu_count(), "torch": torch.__version__, "baseline": args.baseline, "compared": {},
+    report = {"model": session.name, "shape": list(weights.shape), "baseline": args.baseline, "compared": {},
               "full": {}}
     if args.baseline:
         old = importlib.import_module(baseline_package(args.baseline) + ".algorithms")

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -136,10 +135,8 @@ def main() -> None:
     if args.one:
         print(json.dumps(_phase(*args.one, args.threads)))
         return
-    import torch
 
-    results = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": args.threads,
-                           "torch": torch.__version__, "load_average_before": os.getloadavg()}, "models": []}
+    results = {"machine": {"threads": args.threads, "load_average_before": os.getloadavg()}, "models": []}
     with tempfile.TemporaryDirectory(prefix="bench-models-") as cache:
         env = {**os.environ, "ATTN_COMPANION_MODELS": cache, "HF_HUB_OFFLINE": "1"}
         for name in args.models:

@@ -15,7 +15,6 @@ import argparse
 import importlib.metadata
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -57,9 +56,7 @@ def main() -> None:
         median = {case: statistics.median(s) for case, s in runs.items()}
         workloads[name] = {"code": code, "seconds": runs, "median_s": median,
                            "baseline_over_ours": median["baseline"] / median["ours"]}
-    result = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-              "load_average": os.getloadavg(), "python": platform.python_version(),
-              "jsonschema": importlib.metadata.version("jsonschema"),
+    result = {"jsonschema": importlib.metadata.version("jsonschema"),
               "rfc3987-syntax": importlib.metadata.version("rfc3987-syntax"), "repeat": args.repeat,
               "workloads": workloads}
     record.write("bench_startup.json", result)

@@ -3,10 +3,10 @@
 temporary one, so that the results of record are left alone)."""
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import platform
-import sys
 from pathlib import Path
 
 RESULTS_ENV = "ATTN_COMPANION_BENCH_RESULTS"
@@ -20,10 +20,11 @@ def results_folder() -> Path:
 
 
 def measured_on() -> dict:
-    """The machine a result was measured on: platform, cores, load average now, Python and torch versions."""
-    torch = sys.modules.get("torch")
+    """The machine a result was measured on: platform, cores, load average now, Python and torch versions (torch's
+    as installed, also for the scripts that import it only in the processes they time). The one place a result says
+    this: the scripts record only what is their own (threads, other packages' versions, load before a run)."""
     return {"platform": platform.platform(), "cpus": os.cpu_count(), "load_average": os.getloadavg(),
-            "python": platform.python_version(), "torch": torch.__version__ if torch else None}
+            "python": platform.python_version(), "torch": importlib.metadata.version("torch")}
 
 
 def write(name: str, result: dict, indent: int = 1) -> Path:

@@ -129,7 +129,9 @@ def test_each_line_of_make_benchmark_runs_at_small_sizes(command, tmp_path):
     assert all(p.name == script.replace(".py", ".json") for p in written)
     assert (ROOT / "benchmarks" / "results") not in [p.parent for p in written]
     result = json.loads(written[0].read_text()) if written else None
-    assert result is None or result["measured_on"]["cpus"] == os.cpu_count()  # each result says where it was measured
+    # each result says where it was measured, torch's version too where the script times it in other processes
+    assert result is None or (result["measured_on"]["cpus"], result["measured_on"]["torch"]) == (os.cpu_count(),
+                                                                                             torch.__version__)
     CHECKS[script](result, done.stdout)
 
 
