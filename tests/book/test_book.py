@@ -164,16 +164,17 @@ def _browser():
 
 # True once MathJax has typeset the page. Its deferred script may run after the load that driver.get waits for when
 # both cores are busy, so this polls for MathJax for up to 20 s (the script timeout is 30 s); on failure it says what
-# the page had: its ready state, whether it has MathJax's script element (a page without one is not waited for) and
-# MathJax's configuration.
+# the page had: its ready state, whether it has MathJax's script element (a page without one is not waited for once
+# the document is parsed: while it is still loading, the element may not be parsed yet, as a run under load showed,
+# readyState 'loading' and no script) and MathJax's configuration.
 WAIT_FOR_MATHJAX = """
 const done = arguments[arguments.length - 1];
 const deadline = Date.now() + 20000;
-const script = Array.from(document.scripts).some(s => /mathjax/i.test(s.src));
 (function wait() {
+  const script = Array.from(document.scripts).some(s => /mathjax/i.test(s.src));
   if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
     MathJax.startup.promise.then(() => done(true)).catch(e => done('MathJax failed: ' + e));
-  } else if (!script || Date.now() > deadline) {
+  } else if ((!script && document.readyState !== 'loading') || Date.now() > deadline) {
     done({readyState: document.readyState, script: script, config: !!window.MathJax});
   } else { setTimeout(wait, 50); }
 })();
