@@ -12,6 +12,7 @@ import os
 import shlex
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 
 import pytest
 import torch
@@ -29,8 +30,9 @@ SMALL = {
     "bench_startup.py": ["--repeat", "1", "--workloads", "nbformat", "papermill"],
 }
 # the scripts that `make benchmark` does not run: bench_model.py (the README shows it, with --baseline REV; tested
-# below) and bench_build.py (cold and edited builds of the whole book, minutes each: run by hand)
-OTHERS = {"bench_model.py", "bench_build.py"}
+# below), bench_build.py (cold and edited builds of the whole book, minutes each: run by hand) and bench_suite.py
+# (the whole test suite at two revisions, about ten minutes each: run by hand; its comparison is tested below)
+OTHERS = {"bench_model.py", "bench_build.py", "bench_suite.py"}
 
 
 def recipe() -> list[list[str]]:
@@ -151,3 +153,58 @@ def test_bench_model_compares_the_library_of_a_revision_with_the_working_tree(tm
         assert differences and all(v is True if k == "same critical N" else v == 0 for k, v in differences.items())
         assert positive(compared["new"]["cpu"], compared["baseline"]["cpu"]), name
     assert report["profiles"]["alg3 every row"]["new"]["functions"]
+
+
+def junit(folder, files: dict[str, str]):
+    """The JUnit report of pytest run on ``files`` (name -> source) in ``folder``."""
+    folder.mkdir()
+    for name, source in files.items():
+        (folder / name).write_text(source)
+    report = folder / "report.xml"
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", "."],
+                   cwd=folder, capture_output=True, timeout=120)
+    return report
+
+
+def test_bench_suite_compares_the_tests_that_passed_in_both_suites_by_name(tmp_path):
+    """On two real pytest reports: a test moved to another module is matched by name, its parameters part of it; a
+    test that failed or was skipped in one suite, or that is named as changed, is left out; a name two modules share
+    sums their times and passes only if both passed."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_suite
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    head = "import time, pytest\n"
+    old = junit(tmp_path / "old", {
+        "test_a.py": head + "def test_moved(): time.sleep(1.0)\ndef test_gone(): pass\ndef test_fails_later(): pass\n"
+                            "def test_changed(): pass\n@pytest.mark.parametrize('x', [1, 2])\ndef test_p(x): pass\n",
+        "test_b.py": head + "def test_shared(): pass\n"})
+    new = junit(tmp_path / "new", {
+        "test_c.py": head + "def test_moved(): pass\ndef test_fails_later(): assert False\ndef test_changed(): pass\n"
+                            "@pytest.mark.parametrize('x', [1, 3])\ndef test_p(x): pass\ndef test_added(): pass\n"
+                            "def test_shared(): pass\n",
+        "test_d.py": head + "def test_shared(): pytest.skip('here')\n"})
+    baseline, now = bench_suite.cases(old), bench_suite.cases(new)
+    assert set(baseline) == {"test_moved", "test_gone", "test_fails_later", "test_changed", "test_p[1]", "test_p[2]",
+                             "test_shared"}
+    assert now["test_fails_later"]["status"] == "failure" and now["test_shared"]["status"] == "skipped"
+    assert baseline["test_moved"]["seconds"] >= 1.0
+    # the oracle: each test's time read from the report itself
+    times = {c.get("name"): float(c.get("time")) for c in ET.parse(old).iter("testcase")}
+    new_times = {c.get("name"): float(c.get("time")) for c in ET.parse(new).iter("testcase")}
+    shared = sum(float(c.get("time")) for c in ET.parse(new).iter("testcase") if c.get("name") == "test_shared")
+    assert now["test_shared"]["seconds"] == pytest.approx(shared)
+    result = bench_suite.compare(baseline, now, {"test_changed"})
+    assert result["same_tests"] == 2 and {t for t, _, _ in result["largest"]} == {"test_moved", "test_p[1]"}
+    assert result["baseline_s"] == round(times["test_moved"] + times["test_p[1]"], 1)
+    ratio = (new_times["test_moved"] + new_times["test_p[1]"]) / (times["test_moved"] + times["test_p[1]"])
+    assert result["new_over_baseline"] == round(ratio, 3)
+    assert set(result["changed"]) == {"test_changed"}
+    assert result["passed_in_one_only"] == {"test_fails_later": ["passed", "failure"], "test_shared": ["passed",
+                                                                                                      "skipped"]}
+    # test_moved, the one test of a second (it sleeps one at the baseline only)
+    assert (result["faster_of_those_over_1s"], result["slower_of_those_over_1s"]) == (1, 0)
+    # only in the baseline: test_gone and test_p[2]; only in the new suite: test_added and test_p[3]
+    assert result["only_baseline"]["tests"] == 2 and result["only_new"]["tests"] == 2
+    assert {t for t, _ in result["only_new"]["largest"]} == {"test_added", "test_p[3]"}
