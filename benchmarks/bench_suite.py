@@ -1,10 +1,9 @@
 """Whether the test suite got faster: the tests of a baseline revision against the working tree's, on one machine.
 
-Each suite runs as ``make test`` runs it (``pytest -q -n 2 --no-loadscope-reorder``, one torch thread per worker,
-the bytecode cache on, an empty HOME) and writes a JUnit report: the baseline in a clone of REV with the environment
-of REV (its own ``make install``, from its own lock), then the working tree with its ``.venv`` (``make install``
-first). A test's time is its setup, call and teardown. Tests are matched by name, the function and its parameters,
-not by module: modules were moved and renamed between revisions.
+Each suite is its revision's own ``make test`` (after its ``make install``, which is not timed), with an empty HOME
+and a JUnit report (``PYTEST_ADDOPTS``): the baseline in a clone of REV with the environment of REV (its own lock),
+then the working tree with its ``.venv``. A test's time is its setup, call and teardown. Tests are matched by name,
+the function and its parameters, not by module: modules were moved and renamed between revisions.
 
 The comparison is over the tests that passed in both runs, less those named by ``--changed`` (tests whose work was
 changed on purpose, such as a book build over more models): their summed time at each revision and the ratio
@@ -26,7 +25,6 @@ from pathlib import Path
 import record  # benchmarks/record.py: where results go
 
 ROOT = Path(__file__).resolve().parents[1]
-PYTEST = ["-m", "pytest", "-q", "-n", "2", "--no-loadscope-reorder", "-p", "no:cacheprovider"]
 TOP = 20  # the largest tests listed in each group
 
 
@@ -43,8 +41,11 @@ def cases(report: Path) -> dict[str, dict]:
     return out
 
 
-def largest(tests: dict[str, float]) -> list[list]:
-    return [[name, round(seconds, 2)] for name, seconds in sorted(tests.items(), key=lambda t: -t[1])[:TOP]]
+def only(suite: dict[str, dict], other: dict[str, dict]) -> dict:
+    """The tests of ``suite`` that ``other`` has not: how many, their summed seconds and the largest."""
+    seconds = {name: suite[name]["seconds"] for name in suite.keys() - other.keys()}
+    return {"tests": len(seconds), "s": round(sum(seconds.values()), 1),
+            "largest": [[name, round(s, 2)] for name, s in sorted(seconds.items(), key=lambda t: -t[1])[:TOP]]}
 
 
 def compare(baseline: dict[str, dict], new: dict[str, dict], changed: set[str]) -> dict:
@@ -64,25 +65,20 @@ def compare(baseline: dict[str, dict], new: dict[str, dict], changed: set[str]) 
                         for t in sorted(same, key=lambda t: -baseline[t]["seconds"])[:TOP]],
             "changed": {t: [baseline[t]["seconds"], new[t]["seconds"]] for t in sorted(changed & passed)},
             "passed_in_one_only": {t: [baseline[t]["status"], new[t]["status"]]
-                                   for t in sorted(baseline.keys() & new.keys() - passed)
+                                   for t in sorted((baseline.keys() & new.keys()) - passed)
                                    if "passed" in (baseline[t]["status"], new[t]["status"])},
-            "only_baseline": {"tests": len(baseline.keys() - new.keys()),
-                              "s": round(sum(baseline[t]["seconds"] for t in baseline.keys() - new.keys()), 1),
-                              "largest": largest({t: baseline[t]["seconds"] for t in baseline.keys() - new.keys()})},
-            "only_new": {"tests": len(new.keys() - baseline.keys()),
-                         "s": round(sum(new[t]["seconds"] for t in new.keys() - baseline.keys()), 1),
-                         "largest": largest({t: new[t]["seconds"] for t in new.keys() - baseline.keys()})}}
+            "only_baseline": only(baseline, new), "only_new": only(new, baseline)}
 
 
 def run_suite(folder: Path, report: Path) -> dict:
-    """``make install`` then the suite of ``folder`` as ``make test`` runs it, with a JUnit report."""
+    """``make install``, then ``make test`` of ``folder`` (its Makefile says how its suite runs), timed, with a
+    JUnit report."""
     with tempfile.TemporaryDirectory(prefix="bench_suite_home_") as home:
-        env = {**os.environ, "HOME": home, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": ""}
+        env = {**os.environ, "HOME": home, "PYTEST_ADDOPTS": f"--junitxml={report}"}
         env.pop("ATTN_COMPANION_TEST_ROOT", None)
         subprocess.run(["make", "-s", "install"], cwd=folder, env=env, check=True)
         start = time.perf_counter()
-        done = subprocess.run([str(folder / ".venv" / "bin" / "python"), *PYTEST, f"--junitxml={report}"],
-                              cwd=folder, env=env, capture_output=True, text=True)
+        done = subprocess.run(["make", "-s", "test"], cwd=folder, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - start
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-500:]
     print(f"{folder}: {summary}", flush=True)
